@@ -1,0 +1,185 @@
+"""What every drafter shares: config, save/load, the target's embedding and lm_head, the draft KV cache.
+
+A drafter sees pairs (target feature f_j, next token x_{j+1}). The engine hands it the pairs of every newly
+accepted position; `propose` appends them to the draft cache and drafts a `DraftPool` under the last token (the
+root). The draft never touches the target's KV cache. Only the accepted prefix stays in the draft cache.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import GumihoError
+from ..tree import DraftPool, TreeSettings
+from .layers import DraftTransformer, KVCache
+
+
+@dataclass
+class DrafterConfig:
+    kind: str  # "eagle2" | "gumiho"
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_layers: int
+    rope_theta: float
+    rms_norm_eps: float
+    vocab_size: int
+    draft_vocab_size: int = 0  # 0: propose from the full vocabulary; else from the ids in the `draft_vocab` buffer
+    mlp_heads: int = 0
+    mlp_blocks: int = 5
+    target: str = ""
+
+    @classmethod
+    def for_target(cls, kind: str, target_config, **overrides) -> DrafterConfig:
+        rope = getattr(target_config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
+        base = dict(
+            kind=kind,
+            hidden_size=target_config.hidden_size,
+            intermediate_size=target_config.intermediate_size,
+            num_attention_heads=target_config.num_attention_heads,
+            num_key_value_heads=target_config.num_key_value_heads,
+            num_layers=2 if kind == "gumiho" else 1,
+            rope_theta=float(theta),
+            rms_norm_eps=target_config.rms_norm_eps,
+            vocab_size=target_config.vocab_size,
+            mlp_heads=5 if kind == "gumiho" else 0,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DrafterConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class Drafter(nn.Module):
+    """Base class: the fc + decoder-layer Transformer and everything around it. Subclasses implement `propose`."""
+
+    kind = ""
+    source_prefix = ""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.transformer = DraftTransformer(
+            c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.num_layers,
+            c.rope_theta, c.rms_norm_eps,
+        )
+        if c.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.arange(c.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+        self.embed_weight: torch.Tensor | None = None
+        self.head_weight: torch.Tensor | None = None
+        self.cache = KVCache(c.num_layers)
+
+    # --- shared weights -------------------------------------------------------------------------------------------
+    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, target_name: str = "") -> Drafter:
+        """Share the target's (frozen) embedding and lm_head; they are never stored in the drafter's files."""
+        hidden, vocab = self.config.hidden_size, self.config.vocab_size
+        if embed_weight.shape != (vocab, hidden) or head_weight.shape != (vocab, hidden):
+            raise GumihoError(
+                f"the drafter does not fit the target: drafter hidden {hidden} / vocabulary {vocab}, "
+                f"target {embed_weight.shape[1]} / {embed_weight.shape[0]}"
+            )
+        self.to(device=embed_weight.device, dtype=embed_weight.dtype)
+        self.embed_weight = embed_weight.detach()
+        head = head_weight.detach()
+        self.head_weight = head[self.draft_vocab] if self.draft_vocab is not None else head
+        return self
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(tokens, self.embed_weight)
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the draft vocabulary (the full vocabulary when there is none)."""
+        return hidden @ self.head_weight.T
+
+    def top_tokens(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k draft log-probs and their token ids (in the target's vocabulary) for each row of `hidden`."""
+        logp = torch.log_softmax(self.head_logits(hidden).float(), -1)
+        values, idx = torch.topk(logp, k, dim=-1)
+        if self.draft_vocab is not None:
+            idx = self.draft_vocab[idx]
+        return values, idx
+
+    # --- the draft's own KV cache ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache = KVCache(self.config.num_layers)
+
+    def advance(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Append accepted pairs (f_j, x_{j+1}) to the draft cache; returns the draft output at the last one [H]."""
+        past, m = self.cache.length, tokens.shape[0]
+        fused = self.transformer.fuse(self.embed(tokens), features.to(self.embed_weight.dtype))
+        positions = torch.arange(past, past + m, device=tokens.device)
+        mask = None
+        if past:
+            mask = torch.ones(m, past + m, dtype=torch.bool, device=tokens.device)
+            mask[:, past:] = torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
+            mask = mask[None, None]
+        return self.transformer(fused[None], positions, mask, self.cache)[0, -1]
+
+    def expand(self, fused: torch.Tensor, position: int, stable: int, own: torch.Tensor) -> torch.Tensor:
+        """Run k tree nodes at one position. `own` [k, slots] marks which expansion slots (draft positions written
+        after the stable prefix, this call's included) each node may see; the whole stable prefix is visible."""
+        k = fused.shape[0]
+        prefix = torch.ones(k, stable, dtype=torch.bool, device=fused.device)
+        mask = torch.cat([prefix, own], 1)[None, None]
+        positions = torch.full((k,), position, device=fused.device)
+        return self.transformer(fused[None], positions, mask, self.cache)[0]
+
+    @torch.inference_mode()
+    def propose(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
+        """Take the newly accepted pairs and draft a candidate pool under tokens[-1] (the root)."""
+        stable = self.cache.length + tokens.shape[0]
+        try:
+            return self.draft(features, tokens, tree)
+        finally:
+            self.cache.truncate(stable)
+
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
+        raise NotImplementedError
+
+    # --- files ----------------------------------------------------------------------------------------------------
+    def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+                 for k, v in self.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"))
+
+    @classmethod
+    def from_config(cls, config: DrafterConfig) -> Drafter:
+        from . import DRAFTERS
+
+        if config.kind not in DRAFTERS:
+            raise GumihoError(f"unknown drafter kind {config.kind!r}")
+        return DRAFTERS[config.kind](config)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> Drafter:
+        folder = Path(folder)
+        if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+            raise GumihoError(f"{folder} is not a drafter folder (needs config.json and model.safetensors)")
+        try:
+            config = DrafterConfig.from_dict(json.loads((folder / "config.json").read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise GumihoError(f"{folder}/config.json is not a drafter config: {exc}") from exc
+        model = cls.from_config(config)
+        state = load_file(str(folder / "model.safetensors"))
+        state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise GumihoError(f"{folder} does not match a {config.kind} drafter (missing {missing}, unexpected {unexpected})")
+        return model.eval()

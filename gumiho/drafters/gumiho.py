@@ -1,0 +1,65 @@
+"""Gumiho: a 2-layer serial Transformer drafts tokens 1-2, parallel MLP heads draft tokens 3.. in one call.
+
+Serial part: the top-k of the Transformer's prediction at the root (serial-1); the k nodes are fed at one
+position and the best k of their k x k children are kept (serial-2). Parallel part: for each serial-2 node the
+heads read u = [fc(e(t1), h_root) ; fc(e(t2), h1)], the fused inputs of its own chain, and predict one feature per
+head. A beam over the heads' independent top-`mlptopk` lists keeps the best `pruning` nodes per depth; only kept
+nodes enter the pool.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import GumihoError
+from ..tree import DraftPool, TreeSettings
+from .base import Drafter, DrafterConfig
+from .layers import ParallelHeads
+
+
+class GumihoDrafter(Drafter):
+    kind = "gumiho"
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__(config)
+        self.heads = ParallelHeads(config.hidden_size, config.mlp_heads, config.mlp_blocks)
+
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
+        heads_used = tree.depth - 1
+        if heads_used > self.config.mlp_heads:
+            raise GumihoError(f"depth {tree.depth} needs {heads_used} MLP heads; this drafter has {self.config.mlp_heads}")
+        h = self.advance(features, tokens)
+        stable, k, dev = self.cache.length, tree.top_k, tokens.device
+        pool = DraftPool()
+
+        scores1, tok1 = self.top_tokens(h[None], k)
+        scores1, tok1 = scores1[0], tok1[0]
+        idx1 = pool.add(tok1, torch.full((k,), -1, device=dev), scores1, "serial-1", 1)
+
+        u1 = self.transformer.fuse(self.embed(tok1), h.expand(k, -1))
+        own = torch.ones(k, k, dtype=torch.bool, device=dev)
+        own = torch.eye(k, dtype=torch.bool, device=dev) if tree.serial_tree_mask else own.tril()
+        h1 = self.expand(u1, stable, stable, own)
+        scores2, tok2 = self.top_tokens(h1, k)
+        cumulative = (scores1[:, None] + scores2).flatten()
+        best = torch.topk(cumulative, k).indices
+        rows = best // k
+        tok2, scores2 = tok2.flatten()[best], cumulative[best]
+        idx2 = pool.add(tok2, idx1[rows], scores2, "serial-2", 2)
+
+        # The official code pairs serial-2 node r with serial-1 node r instead of its parent (spec §1.5-1).
+        first = u1[rows] if tree.mlp_parent_align else u1
+        second = self.transformer.fuse(self.embed(tok2), h1[rows])
+        predicted = self.heads(torch.cat([first, second], -1))[:heads_used]  # [heads, k, H]
+        head_scores, head_ids = self.top_tokens(predicted, tree.mlptopk)  # [heads, k, mlptopk]
+
+        branch_idx, branch_row, branch_score = idx2, torch.arange(k, device=dev), scores2
+        for m in range(heads_used):
+            candidates = (branch_score[:, None] + head_scores[m, branch_row]).flatten()
+            keep = torch.topk(candidates, min(tree.pruning, candidates.numel())).indices
+            parent = keep // tree.mlptopk
+            row = branch_row[parent]
+            new_tokens = head_ids[m, row, keep % tree.mlptopk]
+            branch_idx = pool.add(new_tokens, branch_idx[parent], candidates[keep], f"mlp-{m + 3}", m + 3)
+            branch_row, branch_score = row, candidates[keep]
+        return pool

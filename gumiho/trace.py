@@ -1,0 +1,182 @@
+"""What the engine records: one `CycleTrace` per target forward and a `GenerationTrace` per prompt.
+
+Schema (version 1), JSON-serialisable through `to_dict` / `from_dict`:
+
+GenerationTrace
+  schema            int, 1
+  method            "ar" | "eagle2" | "gumiho"
+  model, drafter    names / paths ("" for AR)
+  prompt            the user text; prompt_tokens: its length in tokens after the chat template
+  settings          {"sampling": {temperature, top_p, top_k}, "tree": TreeSettings or null, "max_new_tokens",
+                     "chat", "seed", "device", "threads"}
+  text, token_ids   the generated text and ids (prompt excluded; an end token, when produced, is the last id)
+  new_tokens        len(token_ids)
+  first_token       the token the prefill forward produced (the root of cycle 0); prefill_ms its time
+  cycles            target forwards after the prefill; tau = (new_tokens - 1) / cycles, i.e. tokens emitted per
+                    verification forward, bonus token included (AR: exactly 1)
+  wall_s, tokens_per_s   wall time of the whole generation, prefill included, and new_tokens / wall_s
+  finish_reason     "eos" | "length" (max_new_tokens) | "context" | "stopped"
+  steps             list[CycleTrace] (empty when tracing is off)
+
+CycleTrace
+  index             0-based cycle number
+  nodes             list[TraceNode]: id (0 = root), token_id, text, parent (-1 for the root), depth,
+                    score (cumulative draft log-prob), source ("root", "serial-1", "serial-2", "mlp-3".."mlp-7",
+                    "eagle-<depth>"); the AR loop's tree is its root alone
+  paths             list[TracePath]: nodes (ids root to leaf, FTA-filled included), filled (one flag per
+                    position: borrowed by FTA), accepted (draft tokens of this path the target accepted)
+  accepted_nodes    node ids of the accepted path, root first
+  accepted_tokens   token ids of the accepted draft tokens (root excluded)
+  bonus_token, bonus_text   the target's own next token after the accepted path (the next cycle's root)
+  emitted           token ids this cycle added to the output (accepted + bonus, cut at EOS / max_new_tokens)
+  fta_used          whether the accepted path went through an FTA-borrowed position
+  draft_ms, verify_ms, other_ms   wall time drafting, in the target forward + acceptance, and the rest
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class TraceError(ValueError):
+    """A trace file that does not follow the schema."""
+
+
+@dataclass
+class TraceNode:
+    id: int
+    token_id: int
+    text: str
+    parent: int
+    depth: int
+    score: float
+    source: str
+
+
+@dataclass
+class TracePath:
+    nodes: list[int]
+    filled: list[bool]
+    accepted: int
+
+
+@dataclass
+class CycleTrace:
+    index: int
+    accepted_nodes: list[int]
+    accepted_tokens: list[int]
+    bonus_token: int
+    emitted: list[int]
+    draft_ms: float
+    verify_ms: float
+    other_ms: float
+    tree_size: int = 1
+    fta_used: bool = False
+    bonus_text: str = ""
+    nodes: list[TraceNode] = field(default_factory=list)
+    paths: list[TracePath] = field(default_factory=list)
+
+    @property
+    def accept_length(self) -> int:
+        return len(self.accepted_tokens)
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.other_ms
+
+
+@dataclass
+class GenerationTrace:
+    method: str
+    model: str
+    prompt: str
+    prompt_tokens: int
+    settings: dict[str, Any]
+    drafter: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    first_token: int = -1
+    prefill_ms: float = 0.0
+    cycles: int = 0
+    wall_s: float = 0.0
+    finish_reason: str = ""
+    steps: list[CycleTrace] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tau(self) -> float:
+        return (self.new_tokens - 1) / self.cycles if self.cycles else float(self.new_tokens > 0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(new_tokens=self.new_tokens, tau=self.tau, tokens_per_s=self.tokens_per_s)
+        return data
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GenerationTrace:
+        """Parse and validate; raises TraceError with a readable reason."""
+        if not isinstance(data, dict):
+            raise TraceError("a trace must be a JSON object")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise TraceError(f"unsupported trace schema {data.get('schema')!r} (expected {SCHEMA_VERSION})")
+        try:
+            steps = [_cycle_from_dict(s) for s in data.get("steps", [])]
+            trace = _build(cls, data, steps=steps)
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            raise TraceError(f"malformed trace: {exc}") from exc
+        _check(trace)
+        return trace
+
+    @classmethod
+    def from_json(cls, text: str) -> GenerationTrace:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        return cls.from_dict(data)
+
+
+def _build(cls, data: dict, **overrides):
+    """Construct a dataclass from a dict, ignoring derived keys; a missing field raises TypeError."""
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in names}
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def _cycle_from_dict(data: dict) -> CycleTrace:
+    if not isinstance(data, dict):
+        raise TypeError("each step must be an object")
+    nodes = [TraceNode(**n) for n in data.get("nodes", [])]
+    paths = [TracePath(**p) for p in data.get("paths", [])]
+    return _build(CycleTrace, data, nodes=nodes, paths=paths)
+
+
+def _check(trace: GenerationTrace) -> None:
+    if trace.method not in ("ar", "eagle2", "gumiho"):
+        raise TraceError(f"unknown method {trace.method!r}")
+    for step in trace.steps:
+        ids = {n.id for n in step.nodes}
+        for n in step.nodes:
+            if n.parent != -1 and (n.parent not in ids or n.parent >= n.id):
+                raise TraceError(f"cycle {step.index}: node {n.id} has a parent {n.parent} that is not before it")
+        for p in step.paths:
+            if len(p.filled) != len(p.nodes) or any(i not in ids for i in p.nodes):
+                raise TraceError(f"cycle {step.index}: a path names nodes that are not in the tree")
+        if step.nodes and any(i not in ids for i in step.accepted_nodes):
+            raise TraceError(f"cycle {step.index}: the accepted path names nodes that are not in the tree")

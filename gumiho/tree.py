@@ -1,0 +1,199 @@
+"""Draft trees: a drafter's scored candidate pool -> the tree the target verifies in one forward.
+
+Knows nothing about models. A drafter fills a `DraftPool` (token, parent, cumulative log-prob, source per node);
+`build_tree` keeps the best `total_tokens - 1` nodes under the root and derives the tree attention mask, the
+position ids (depths) and the root-to-leaf paths. `DraftTree.with_fta` applies Full Tree Attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+
+@dataclass
+class DraftPool:
+    """Every node a drafter scored, in the order it scored them. Parents index this pool; -1 is the root.
+
+    A parent always comes before its children, and a child's score (cumulative log-prob) is never above its
+    parent's, so the best-scored subset is closed under "parent of" (ties go to the earlier node, the ancestor).
+    """
+
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    parents: list[torch.Tensor] = field(default_factory=list)
+    scores: list[torch.Tensor] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, source: str, depth: int) -> torch.Tensor:
+        """Append one layer of nodes (1-D tensors of equal length); returns their pool indices."""
+        n = tokens.numel()
+        self.tokens.append(tokens.reshape(-1).long())
+        self.parents.append(parents.reshape(-1).long())
+        self.scores.append(scores.reshape(-1).float())
+        self.sources.extend([source] * n)
+        self.depths.extend([depth] * n)
+        first = self.size
+        self.size += n
+        return torch.arange(first, first + n, device=tokens.device)
+
+
+@dataclass
+class DraftTree:
+    """A verification tree. Node 0 is the root (the token already decided); nodes are ordered depth-major.
+
+    mask[i, j] is True when node i may attend to node j (its ancestors and itself; FTA adds borrowed nodes).
+    paths holds one row per leaf, root first, padded with -1; filled marks the positions FTA borrowed.
+    """
+
+    tokens: torch.Tensor  # [N] long
+    parents: list[int]  # -1 for the root
+    depths: list[int]
+    scores: list[float]  # cumulative draft log-prob; 0 for the root
+    sources: list[str]
+    mask: torch.Tensor  # [N, N] bool
+    paths: torch.Tensor  # [L, D+1] long
+    filled: torch.Tensor  # [L, D+1] bool
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return torch.tensor(self.depths, device=self.tokens.device)
+
+    def children(self) -> list[list[int]]:
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                kids[parent].append(node)
+        return kids
+
+    def with_fta(self) -> DraftTree:
+        """Full Tree Attention: pad each short path with the most-travelled node of every missing depth.
+
+        No node is added, so verification costs the same. A short path's leaf may now attend to the borrowed
+        nodes; the borrowed tokens are checked against logits computed in their own branch, so FTA is an
+        approximation: greedy output can differ from the target's (measure it).
+        """
+        paths, filled, mask = self.paths.clone(), self.filled.clone(), self.mask.clone()
+        leaves = paths.gather(1, ((paths >= 0).sum(1, keepdim=True) - 1)).squeeze(1)
+        for col in range(1, paths.shape[1]):
+            short = paths[:, col] < 0
+            if not short.any():
+                continue
+            present = paths[~short, col]
+            values, counts = torch.unique(present, return_counts=True)  # sorted: argmax picks the smallest on ties
+            borrowed = values[counts.argmax()]
+            paths[short, col] = borrowed
+            filled[short, col] = True
+            mask[leaves[short], borrowed] = True
+        return replace(self, paths=paths, filled=filled, mask=mask)
+
+
+def build_tree(root_token: int, pool: DraftPool, total_tokens: int) -> DraftTree:
+    """Keep the `total_tokens - 1` best-scored pool nodes under the root (EAGLE-2 / Gumiho rerank)."""
+    device = pool.tokens[0].device if pool.tokens else torch.device("cpu")
+    keep_n = min(total_tokens - 1, pool.size)
+    if keep_n > 0:
+        scores = torch.cat(pool.scores)
+        # A stable sort keeps the earlier node (an ancestor) ahead on ties, so the kept set stays a tree.
+        kept = torch.sort(torch.sort(scores, descending=True, stable=True).indices[:keep_n]).values
+        tokens = torch.cat(pool.tokens)[kept]
+        pool_parents = torch.cat(pool.parents)[kept]
+        # Position of each kept node's parent among the kept nodes, shifted by one for the root.
+        has_parent = pool_parents >= 0
+        idx = torch.searchsorted(kept, pool_parents.clamp(min=0)).clamp(max=keep_n - 1)
+        if not bool((kept[idx] == pool_parents)[has_parent].all()):
+            raise ValueError("draft pool is not closed under parent-of (a child scored above its parent?)")
+        parent_pos = torch.where(has_parent, idx + 1, 0)
+        kept_list = kept.tolist()
+        parents = [-1] + parent_pos.tolist()
+        sources = ["root"] + [pool.sources[i] for i in kept_list]
+        node_scores = [0.0] + scores[kept].tolist()
+        all_tokens = torch.cat([tokens.new_tensor([root_token]), tokens])
+    else:
+        parents, sources, node_scores = [-1], ["root"], [0.0]
+        all_tokens = torch.tensor([root_token], device=device)
+    n = len(parents)
+    depths = [0] * n
+    mask = torch.eye(n, dtype=torch.bool)
+    mask[:, 0] = True
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+        mask[i] |= mask[parents[i]]
+    is_parent = [False] * n
+    for p in parents[1:]:
+        is_parent[p] = True
+    leaves = [i for i in range(n) if not is_parent[i]]
+    width = max(depths) + 1
+    paths = torch.full((len(leaves), width), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        node = leaf
+        while node >= 0:
+            paths[row, depths[node]] = node
+            node = parents[node]
+    return DraftTree(
+        tokens=all_tokens,
+        parents=parents,
+        depths=depths,
+        scores=node_scores,
+        sources=sources,
+        mask=mask.to(device),
+        paths=paths.to(device),
+        filled=torch.zeros_like(paths, dtype=torch.bool).to(device),
+    )
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """Draft-tree shape. `depth` follows the reference code: EAGLE-2 expands `depth` times (tree depth depth+1);
+    Gumiho drafts `depth + 1` tokens, 2 serially and `depth - 1` with MLP heads (depth 6 = 2 serial + 5 MLP).
+
+    mlp_parent_align / serial_tree_mask fix two quirks of the official Gumiho code (spec §1.5); False reproduces it.
+    """
+
+    top_k: int
+    depth: int
+    total_tokens: int
+    mlptopk: int = 0
+    pruning: int = 0
+    fta: bool = False
+    mlp_parent_align: bool = True
+    serial_tree_mask: bool = True
+
+    @classmethod
+    def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
+        if device_type == "cuda":  # the papers' defaults: verifying ~60 tokens is almost free on a GPU
+            return {
+                "eagle2": cls(top_k=10, depth=5, total_tokens=60),
+                "gumiho": cls(top_k=14, depth=6, total_tokens=64, mlptopk=35, pruning=35, fta=True),
+            }.get(method, cls(top_k=1, depth=1, total_tokens=1))
+        # 2-core CPU: verifying 16 tokens costs ~1.9 decode steps, 32 tokens ~2.5, and every draft lm_head row counts.
+        return {
+            "eagle2": cls(top_k=4, depth=5, total_tokens=24),
+            "gumiho": cls(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6, fta=False),
+        }.get(method, cls(top_k=1, depth=1, total_tokens=1))
+
+    def pool_size(self, method: str) -> int:
+        if method == "gumiho":
+            return 2 * self.top_k + (self.depth - 1) * self.pruning
+        return self.top_k + self.depth * self.top_k**2
+
+    def validate(self, method: str) -> None:
+        from .errors import GumihoError
+
+        if self.top_k < 1 or self.depth < 1 or self.total_tokens < 1:
+            raise GumihoError("top-k, depth and total-tokens must be >= 1")
+        if method == "gumiho" and (self.depth < 2 or self.mlptopk < 1 or self.pruning < 1):
+            raise GumihoError("gumiho needs depth >= 2, mlptopk >= 1 and pruning >= 1")
+        if self.pool_size(method) < self.total_tokens - 1:
+            raise GumihoError(
+                f"total-tokens {self.total_tokens} exceeds the {self.pool_size(method)} candidates this tree drafts"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,93 @@
+"""Accept the longest draft prefix the target agrees with, plus one bonus token from the target.
+
+Greedy (T = 0): a path's draft token is accepted while it equals the target's argmax at its parent; the best path
+is the first one reaching the maximum, and the bonus token is the target's argmax after its last accepted node.
+
+Sampling (T > 0): recursive rejection over the tree's distinct children with a deterministic (point-mass) draft.
+At the current node with target distribution p, child x is accepted with probability p(x); on rejection p(x) is
+set to 0 and p renormalised before the next child is tried. When every child is rejected, the bonus token is drawn
+from that residual; when the walk reaches a leaf, from p at the leaf. Each emitted token is distributed exactly as
+the target's (processed) distribution, so the method is lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import SamplingConfig, probabilities, sample
+from .tree import DraftTree
+
+
+@dataclass
+class Acceptance:
+    nodes: list[int]  # accepted path, root first
+    bonus: int  # token id the target adds after the path
+    path_row: int  # the row of tree.paths that the accepted path follows
+    per_path: list[int]  # draft tokens accepted along each path row
+
+
+def _per_path(tree: DraftTree, nodes: list[int]) -> list[int]:
+    paths = tree.paths.tolist()
+    counts = []
+    for row in paths:
+        k = 0
+        while k + 1 < len(nodes) and k + 1 < len(row) and row[k + 1] == nodes[k + 1]:
+            k += 1
+        counts.append(k)
+    return counts
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+    """logits: [N, V], one row per tree node."""
+    predicted = logits.argmax(-1)
+    paths = tree.paths
+    valid = paths >= 0
+    safe = paths.clamp(min=0)
+    candidates = torch.where(valid, tree.tokens[safe], -1)
+    match = candidates[:, 1:] == predicted[safe[:, :-1]]
+    accepted = match.long().cumprod(1).sum(1)
+    row = int(accepted.argmax())  # first row reaching the maximum
+    length = int(accepted[row])
+    nodes = paths[row, : length + 1].tolist()
+    return Acceptance(nodes=nodes, bonus=int(predicted[nodes[-1]]), path_row=row, per_path=accepted.tolist())
+
+
+def verify_sampling(
+    tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator
+) -> Acceptance:
+    children = tree.children()
+    tokens = tree.tokens.tolist()
+    node, nodes = 0, [0]
+    while True:
+        p = probabilities(logits[node], cfg)
+        next_node = None
+        for child in children[node]:
+            x = tokens[child]
+            if float(torch.rand((), generator=generator)) < float(p[x]):
+                next_node = child
+                break
+            p[x] = 0.0
+            total = p.sum()
+            if total <= 0:  # only through rounding: the rejected tokens held all the mass
+                p = probabilities(logits[node], cfg)
+                break
+            p /= total
+        if next_node is None:
+            bonus = sample(p, generator)
+            break
+        nodes.append(next_node)
+        node = next_node
+        if not children[node]:
+            bonus = sample(probabilities(logits[node], cfg), generator)
+            break
+    per_path = _per_path(tree, nodes)
+    row = next(r for r, k in enumerate(per_path) if k == len(nodes) - 1)
+    return Acceptance(nodes=nodes, bonus=bonus, path_row=row, per_path=per_path)
+
+
+def verify(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> Acceptance:
+    if cfg.greedy:
+        return verify_greedy(tree, logits)
+    return verify_sampling(tree, logits, cfg, generator)
