@@ -214,6 +214,7 @@ class Run:
                 verify_ms=(t2 - t1) * 1e3,
                 other_ms=0.0,
                 tree_size=tree.size,
+                tree_depth=max(tree.depths),
                 fta_used=bool(tree.filled[acceptance.path_row, : len(acceptance.nodes)].any()),
             )
             if config.trace:

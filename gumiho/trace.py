@@ -30,6 +30,7 @@ CycleTrace
   bonus_token, bonus_text   the target's own next token after the accepted path (the next cycle's root)
   emitted           token ids this cycle added to the output (accepted + bonus, cut at EOS / max_new_tokens)
   fta_used          whether the accepted path went through an FTA-borrowed position
+  tree_size, tree_depth   nodes verified (root included) and the deepest node's depth (0 for the AR loop)
   draft_ms, verify_ms, other_ms   wall time drafting, in the target forward + acceptance, and the rest
 """
 
@@ -75,6 +76,7 @@ class CycleTrace:
     verify_ms: float
     other_ms: float
     tree_size: int = 1
+    tree_depth: int = 0
     fta_used: bool = False
     bonus_text: str = ""
     nodes: list[TraceNode] = field(default_factory=list)
