@@ -40,11 +40,19 @@ def select(config: PrepareConfig, conversations: list[Conversation]) -> list[Con
     return chosen[: config.conversations]
 
 
+def write_prompts(path: Path, conversations: list[Conversation]) -> None:
+    """First user turns, one {"id", "prompt"} per line: prompts for tau on conversations outside training."""
+    with path.open("w", encoding="utf-8") as f:
+        for c in conversations:
+            f.write(json.dumps({"id": c.id, "prompt": c.messages[0]["content"]}) + "\n")
+
+
 def prepare(config: PrepareConfig, target: Target) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "prepare.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
     chosen = select(config, load_sharegpt(config.data or None))
+    write_prompts(out / "prompts.jsonl", chosen)
     eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in target.tokenizer.get_vocab() \
         else target.tokenizer.eos_token_id
     shards = [chosen[i: i + config.shard_size] for i in range(0, len(chosen), config.shard_size)]

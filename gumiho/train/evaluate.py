@@ -1,0 +1,95 @@
+"""Built-in evaluation: per-position chain accuracy on held-out features, and tau through the engine.
+
+Chain accuracy at depth d: from an accepted prefix ending at slot i (root x_{i+1}), the share of origins whose
+first d draft tokens all equal the target's greedy tokens, each step fed the previous step's *draft* feature, as
+in decoding. All origins run at once: the real sequence fills the draft cache, then "stream" s holds step s+1 of
+every origin at position i+s, seeing the real slots <= i and its own earlier streams.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..drafters import Drafter, GumihoDrafter
+from ..drafters.layers import KVCache
+from ..target import Target
+from .features import Sequence
+
+DEPTH = 7
+
+
+def _stream_mask(n: int, streams: int, device) -> torch.Tensor:
+    """[1, 1, n, (streams + 1) n]: query i sees real slots <= i and slot i of each stream so far (itself included)."""
+    parts = [torch.ones(n, n, dtype=torch.bool, device=device).tril()]
+    parts += [torch.eye(n, dtype=torch.bool, device=device)] * streams
+    return torch.cat(parts, 1)[None, None]
+
+
+def _greedy(drafter: Drafter, hidden: torch.Tensor) -> torch.Tensor:
+    return drafter.top_tokens(hidden, 1)[1][..., 0]
+
+
+@torch.inference_mode()
+def chain_predictions(drafter: Drafter, target: Target, seq: Sequence, depth: int = DEPTH):
+    """Draft tokens [origins, depth], the target's greedy tokens at the same places [origins, depth], and which
+    origins count [origins] (those whose `depth` drafted tokens are all assistant tokens)."""
+    dev = target.device
+    ids, feats = seq.input_ids.to(dev), seq.features.to(dev, torch.float32)
+    t = ids.shape[0]
+    n = t - 1  # slots / origins
+    greedy = torch.full((t + depth + 1,), 0, dtype=torch.long, device=dev)
+    greedy[1: t + 1] = (feats @ target.head_weight.float().T).argmax(-1)  # y_{j+1}: target's token after x_{<=j}
+    tr, cache = drafter.transformer, KVCache(drafter.config.num_layers)
+    positions = torch.arange(n, device=dev)
+    h = tr(tr.fuse(drafter.embed(ids[1:]), feats[:-1])[None], positions, None, cache)[0]
+    origins = torch.arange(n, device=dev)
+    predicted = [_greedy(drafter, h)]
+    serial_steps = 2 if isinstance(drafter, GumihoDrafter) else depth
+    fused_prev = None
+    for s in range(1, serial_steps):
+        fused_prev = tr.fuse(drafter.embed(greedy[origins + s + 1]), h)
+        h = tr(fused_prev[None], positions + s, _stream_mask(n, s, dev), cache)[0]
+        predicted.append(_greedy(drafter, h))
+    if isinstance(drafter, GumihoDrafter):
+        second = tr.fuse(drafter.embed(greedy[origins + 3]), h)
+        heads = drafter.heads(torch.cat([fused_prev, second], -1))[: depth - 2]
+        predicted += list(_greedy(drafter, heads))
+    labels = torch.stack([greedy[origins + 2 + s] for s in range(depth)], 1)
+    mask = torch.cat([seq.loss_mask.to(dev), torch.zeros(depth + 2, dtype=torch.bool, device=dev)])
+    counted = torch.stack([mask[origins + 2 + s] for s in range(depth)], 1).all(1)
+    return torch.stack(predicted, 1), labels, counted
+
+
+def chain_hits(drafter: Drafter, target: Target, seq: Sequence, depth: int = DEPTH) -> torch.Tensor:
+    """[counted origins, depth] bool: step s matched the target's greedy token (not yet chained)."""
+    predicted, labels, counted = chain_predictions(drafter, target, seq, depth)
+    return (predicted == labels)[counted]
+
+
+def chain_accuracy(drafter: Drafter, target: Target, sequences: list[Sequence], depth: int = DEPTH) -> list[float]:
+    """Accuracy at depth 1..`depth` (each depth requires all earlier steps right), pooled over all origins."""
+    drafter.attach(target.embed_weight.float(), target.head_weight.float())
+    drafter.eval()
+    hits = torch.cat([chain_hits(drafter, target, s, depth).cpu() for s in sequences])
+    if hits.shape[0] == 0:
+        return [0.0] * depth
+    return [round(v, 4) for v in hits.cumprod(1).float().mean(0).tolist()]
+
+
+def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, max_new_tokens: int = 128) -> dict:
+    """Mean tau (tokens per cycle) over prompts at T = 0 with the method's default tree."""
+    from ..__main__ import read_prompts
+    from ..engine import Engine, GenerationConfig
+
+    prompts = read_prompts(path)
+    prompts = prompts[:limit] if limit else prompts
+    engine = Engine(target)
+    engine.add_drafter(drafter.kind, drafter)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)
+    taus, tokens, cycles = [], 0, 0
+    for prompt in prompts:
+        trace = engine.generate(prompt, drafter.kind, config)
+        taus.append(trace.tau)
+        tokens, cycles = tokens + trace.new_tokens - 1, cycles + trace.cycles  # the prefill token is no cycle's
+    return {"prompts": len(prompts), "tau_mean": round(sum(taus) / len(taus), 3),
+            "tau_pooled": round(tokens / max(cycles, 1), 3)}

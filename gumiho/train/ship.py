@@ -1,0 +1,61 @@
+"""`ship`: a finished run as a drafter folder (config.json, fp16 model.safetensors, README.md model card)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..drafters import Drafter
+from ..errors import GumihoError
+
+
+def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
+    c = summary["config"]
+    final = summary.get("final", {})
+    lines = [
+        f"# SmolLM2-135M-Instruct {'Gumiho' if kind == 'gumiho' else 'EAGLE-2'} drafter",
+        "",
+        f"Draft head for speculative decoding with `python -m gumiho generate --method {kind}`. Holds only the "
+        "drafter's own weights (fp16); the embedding and lm_head are the target's and are shared at load time.",
+        "",
+        "## Training",
+        f"- Data: `{c['data']}` ({summary['sequences']} conversations, {summary['tokens_per_epoch']:,} tokens per "
+        f"epoch, {summary['assistant_tokens_per_epoch']:,} of them assistant tokens). See `prepare.json` settings in "
+        "the README section \"Train a drafter for your model\".",
+        f"- Tokens seen: {summary['tokens_seen']:,}; epochs: {c['epochs']}; steps: {summary['steps']}; "
+        f"wall time: {summary['wall_time_s'] / 60:.1f} min on {summary['device']}.",
+        f"- Draft vocabulary: {c['draft_vocab'] or 'full'} ids "
+        f"(covers {100 * summary['draft_vocab_coverage']:.1f}% of the training assistant tokens).",
+        f"- Loss: SmoothL1 features x 1.0 + soft CE x {c['ce_weight']}"
+        + (f"; MLP heads 0.8^(i+1)/9 x (SmoothL1 + {c['mlp_ce_weight']} soft CE from epoch {c['mlp_ce_epoch']})"
+           if kind == "gumiho" else "")
+        + f"; AdamW lr {c['lr']} (0.9, 0.95), warmup {c['warmup_steps']} then linear decay to 0, clip-norm "
+        f"{c['clip_norm']}, noise {c['noise']}, seed {c['seed']}.",
+        "- Final training losses (mean of the last logged steps): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k not in ("step", "epoch")),
+    ]
+    if evaluation:
+        lines += ["", "## Evaluation"]
+        if "chain_accuracy" in evaluation:
+            acc = evaluation["chain_accuracy"]
+            lines.append("- Held-out chain accuracy, depth 1..7 (draft tokens = target's greedy tokens, "
+                         "each step fed the draft's own features): " + ", ".join(f"{a:.3f}" for a in acc))
+        for path, tau in evaluation.get("tau", {}).items():
+            lines.append(f"- tau on `{Path(path).name}` ({tau['prompts']} prompts, T=0, default CPU tree, "
+                         f"{evaluation.get('max_new_tokens', 128)} new tokens): mean {tau['tau_mean']:.2f}, "
+                         f"pooled {tau['tau_pooled']:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def ship(run: str | Path, dest: str | Path, evaluation_path: str | Path | None = None) -> Path:
+    run, dest = Path(run), Path(dest)
+    if not (run / "train.json").is_file():
+        raise GumihoError(f"{run} is not a finished training run (no train.json)")
+    summary = json.loads((run / "train.json").read_text())
+    drafter = Drafter.from_pretrained(run / "drafter")
+    drafter.save_pretrained(dest, dtype=torch.float16)
+    evaluation = json.loads(Path(evaluation_path).read_text()) if evaluation_path else None
+    (dest / "README.md").write_text(model_card(summary, evaluation, drafter.kind))
+    return dest

@@ -1,0 +1,184 @@
+"""The training loop: draft vocabulary, AdamW with warmup + linear decay to the real run length, clipping,
+seeded noise, resumable checkpoints, and a final drafter folder plus a JSON summary in the run folder."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..drafters import Drafter, new_drafter
+from ..errors import GumihoError
+from ..target import Target
+from .batches import collate, epoch_order, plan_batches
+from .features import Sequence, load_sequences
+from .objective import LossWeights, batch_losses
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    drafter: str  # "eagle2" | "gumiho"
+    data: str  # feature folder(s) from `prepare`, comma-separated
+    out: str  # run folder (checkpoint, final drafter, summary)
+    draft_vocab: int = 8192  # 0: the target's full vocabulary in the draft head and the losses
+    epochs: int = 2
+    lr: float = 2e-4
+    warmup_steps: int = 50
+    batch_tokens: int = 4096
+    max_len: int = 1024
+    max_sequences: int = 0  # 0: all
+    clip_norm: float = 0.5
+    noise: float = 0.2
+    ce_weight: float = 0.1
+    mlp_ce_weight: float = 0.1
+    mlp_ce_epoch: int = 1  # Gumiho's MLP-head CE is off before this epoch
+    seed: int = 0
+    checkpoint_every: int = 50
+    log_every: int = 10
+
+
+def load_training_data(config: TrainConfig) -> list[Sequence]:
+    sequences = [s for folder in config.data.split(",") if folder for s in load_sequences(folder)]
+    if config.max_sequences:
+        sequences = sequences[: config.max_sequences]
+    sequences = [Sequence(s.input_ids[: config.max_len], s.loss_mask[: config.max_len], s.features[: config.max_len])
+                 for s in sequences]
+    return [s for s in sequences if len(s.input_ids) >= 3 and s.loss_mask[2:].any()]
+
+
+def frequency_vocab(sequences: list[Sequence], size: int, vocab_size: int, always: set[int]) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent assistant tokens (plus `always`), sorted by id; and the share of assistant tokens
+    they cover."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in sequences:
+        counts += torch.bincount(s.input_ids[s.loss_mask], minlength=vocab_size)
+    ranking = counts.clone()
+    ranking[list(always)] = ranking.max() + 1
+    ids = torch.topk(ranking, size).indices
+    return ids.sort().values, counts[ids].sum().item() / max(counts.sum().item(), 1)
+
+
+def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]) -> tuple[Drafter, float]:
+    if config.drafter not in ("eagle2", "gumiho"):
+        raise GumihoError(f"--drafter must be eagle2 or gumiho, not {config.drafter!r}")
+    vocab_size = target.vocab_size
+    size = min(config.draft_vocab, vocab_size) if config.draft_vocab else 0
+    drafter = new_drafter(config.drafter, target.model.config, seed=config.seed, draft_vocab_size=size,
+                          target=target.name)
+    coverage = 1.0
+    if size:
+        ids, coverage = frequency_vocab(sequences, size, vocab_size, target.eos_ids)
+        drafter.draft_vocab.copy_(ids)
+    # Trained in fp32 whatever the target's dtype; the shared weights are frozen plain tensors, not parameters.
+    drafter.attach(target.embed_weight.float(), target.head_weight.float())
+    return drafter, coverage
+
+
+def lr_lambda(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def train(config: TrainConfig, target: Target) -> Path:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    sequences = load_training_data(config)
+    if not sequences:
+        raise GumihoError(f"no usable training sequences in {config.data}")
+    drafter, coverage = build_drafter(config, target, sequences)
+    drafter.train()
+    dev = target.device
+    groups = plan_batches([len(s.input_ids) for s in sequences], config.batch_tokens)
+    total_steps = config.epochs * len(groups)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, total_steps))
+    weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight)
+    state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "elapsed": 0.0, "history": []}
+    checkpoint = out / "checkpoint.pt"
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, map_location=dev, weights_only=False)
+        if saved["config"] != asdict(config):
+            raise GumihoError(f"{checkpoint} was written with other settings; use a new --out or the same options")
+        drafter.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state = saved["state"]
+        log.info("resumed at epoch %d, batch %d (step %d)", state["epoch"], state["batch"], state["step"])
+    log.info("%s drafter: %d sequences, %d tokens, %d batches/epoch, %d steps, draft vocab %d (covers %.1f%% of "
+             "assistant tokens)", config.drafter, len(sequences), sum(len(s.input_ids) for s in sequences),
+             len(groups), total_steps, drafter.config.draft_vocab_size or target.vocab_size, 100 * coverage)
+
+    def save() -> None:
+        _save_checkpoint(checkpoint, {"config": asdict(config), "model": drafter.state_dict(),
+                                      "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                      "state": state})
+
+    generator = torch.Generator()
+    started, window = time.time() - state["elapsed"], []
+    while state["epoch"] < config.epochs:
+        order = epoch_order(groups, config.seed, state["epoch"])
+        mlp_ce_on = state["epoch"] >= config.mlp_ce_epoch
+        while state["batch"] < len(order):
+            batch = collate([sequences[i] for i in order[state["batch"]]], dev)
+            generator.manual_seed(config.seed * 1_000_003 + state["step"])
+            loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
+            optimizer.step()
+            scheduler.step()
+            state["batch"] += 1
+            state["step"] += 1
+            state["tokens"] += batch.tokens
+            state["elapsed"] = time.time() - started
+            window.append(parts)
+            if state["step"] % config.log_every == 0 or state["step"] == total_steps:
+                mean = {k: sum(p.get(k, 0.0) for p in window) / len(window) for k in window[-1]}
+                state["history"].append({"step": state["step"], "epoch": state["epoch"], **mean})
+                rate = state["tokens"] / max(state["elapsed"], 1e-9)
+                eta = (total_steps - state["step"]) * state["elapsed"] / state["step"]
+                log.info("step %d/%d epoch %d loss %.4f lv %.4f lp %.3f acc1 %.3f%s | %.0f tok/s, eta %.0f min",
+                         state["step"], total_steps, state["epoch"], mean["loss"], mean["lv"], mean["lp"], mean["acc1"],
+                         "".join(f" mlp{i} {mean[f'acc_mlp{i}']:.3f}" for i in range(5) if f"acc_mlp{i}" in mean),
+                         rate, eta / 60)
+                window = []
+            if state["step"] % config.checkpoint_every == 0:
+                save()
+        state["epoch"] += 1
+        state["batch"] = 0
+        save()
+
+    drafter.save_pretrained(out / "drafter")
+    summary = {
+        "config": asdict(config),
+        "device": str(dev) if dev.type != "cpu" else f"cpu ({torch.get_num_threads()} threads)",
+        "sequences": len(sequences),
+        "tokens_per_epoch": sum(len(s.input_ids) for s in sequences),
+        "assistant_tokens_per_epoch": sum(int(s.loss_mask.sum()) for s in sequences),
+        "tokens_seen": state["tokens"],
+        "steps": state["step"],
+        "wall_time_s": round(state["elapsed"], 1),
+        "draft_vocab_coverage": coverage,
+        "final": state["history"][-1] if state["history"] else {},
+        "history": state["history"],
+    }
+    (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return out

@@ -1,0 +1,102 @@
+"""ShareGPT decoding (cut-off file), assistant loss masks, truncation, the split and the feature shards."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from gumiho.train.data import Conversation, is_heldout, iter_json_records, load_sharegpt, render, split
+from gumiho.train.features import load_sequences, target_features, write_shard
+from tests.conftest import tiny_target
+
+IM_START, IM_END = 1, 2
+
+
+class CharChatML:
+    """ChatML over characters (ids = code points + 10), enough of a tokenizer for `render`."""
+
+    def _text(self, text: str) -> list[int]:
+        return [ord(c) + 10 for c in text]
+
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False):
+        ids = []
+        for m in messages:
+            ids += [IM_START] + self._text(f"{m['role']}\n{m['content']}") + [IM_END] + self._text("\n")
+        if add_generation_prompt:
+            ids += [IM_START] + self._text("assistant\n")
+        return {"input_ids": ids}
+
+
+def _record(cid: str, *turns: tuple[str, str]) -> dict:
+    return {"id": cid, "conversations": [{"from": f, "value": v} for f, v in turns]}
+
+
+def test_cut_off_file_decodes_complete_records(tmp_path):
+    good = [_record("a_0", ("human", "hi"), ("gpt", "hello")), _record("b_0", ("human", "x"), ("gpt", "y"))]
+    text = json.dumps(good + [_record("c_0", ("human", "cut"), ("gpt", "off"))], indent=1)
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text[: text.rindex("off")])  # the third record is cut in the middle
+    assert [r["id"] for r in iter_json_records(path.read_text())] == ["a_0", "b_0"]
+    loaded = load_sharegpt(path)
+    assert [c.messages for c in loaded][0] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+def test_unusable_records_are_dropped(tmp_path):
+    records = [
+        _record("ok_0", ("gpt", "leading reply is dropped"), ("human", "q"), ("gpt", "a")),
+        _record("twice_0", ("human", "q"), ("human", "q again"), ("gpt", "a")),
+        _record("empty_0", ("human", "q"), ("gpt", "  ")),
+        _record("alone_0", ("human", "q")),
+    ]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(records))
+    loaded = load_sharegpt(path)
+    assert [c.id for c in loaded] == ["ok_0"]
+    assert loaded[0].messages[0] == {"role": "user", "content": "q"}
+
+
+def test_mask_covers_assistant_replies_and_their_end_token():
+    tok = CharChatML()
+    conv = Conversation("x", [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "CD"},
+                              {"role": "user", "content": "e"}, {"role": "assistant", "content": "FG"}])
+    r = render(conv, tok, max_len=1000, eos_id=IM_END)
+    assert r.input_ids == tok.apply_chat_template(conv.messages)["input_ids"]
+    masked = [t for t, m in zip(r.input_ids, r.loss_mask) if m]
+    assert masked == tok._text("CD") + [IM_END] + tok._text("FG") + [IM_END]
+
+
+def test_truncation_keeps_mask_aligned():
+    tok = CharChatML()
+    conv = Conversation("x", [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "C" * 50}])
+    full = render(conv, tok, max_len=1000, eos_id=IM_END)
+    short = render(conv, tok, max_len=30, eos_id=IM_END)
+    assert len(short.input_ids) == len(short.loss_mask) == 30
+    assert short.input_ids == full.input_ids[:30] and short.loss_mask == full.loss_mask[:30]
+    assert render(conv, tok, max_len=5, eos_id=IM_END) is None  # no assistant token left
+
+
+def test_split_is_deterministic_and_keeps_parts_together():
+    convs = [Conversation(f"id{i}_{part}", []) for i in range(2000) for part in range(2)]
+    train, heldout = split(convs, heldout_percent=5.0)
+    assert 100 < len(heldout) < 300 and len(train) + len(heldout) == len(convs)
+    held = {c.id.rsplit("_", 1)[0] for c in heldout}
+    assert not held & {c.id.rsplit("_", 1)[0] for c in train}
+    assert split(convs, heldout_percent=5.0)[1] == heldout
+    assert is_heldout("id7_0", 5.0) == is_heldout("id7_1", 5.0)
+
+
+def test_feature_shards_round_trip_and_match_unbatched_forward(tmp_path):
+    from gumiho.train.data import Rendered
+
+    target = tiny_target(vocab=32)
+    rendered = [Rendered("a", [3, 4, 5, 6, 7], [0, 0, 1, 1, 1]), Rendered("b", [8, 9, 10], [0, 1, 1])]
+    feats = target_features(target, rendered, batch_tokens=64)
+    with torch.no_grad():
+        alone = target.model.model(input_ids=torch.tensor([rendered[0].input_ids])).last_hidden_state[0]
+    torch.testing.assert_close(feats[0].float(), alone, atol=2e-3, rtol=1e-2)
+    write_shard(tmp_path / "shard-00000.safetensors", rendered, feats)
+    seqs = load_sequences(tmp_path)
+    assert [s.input_ids.tolist() for s in seqs] == [r.input_ids for r in rendered]
+    assert seqs[0].loss_mask.tolist() == [False, False, True, True, True]
+    assert seqs[1].features.dtype == torch.float16 and seqs[1].features.shape == (3, 32)

@@ -1,0 +1,86 @@
+"""Loss functions on tiny tensors with known values, and the loss alignment of the training forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gumiho.train.batches import Batch, plan_batches
+from gumiho.train.losses import feature_loss, head_weights, soft_cross_entropy
+from gumiho.train.objective import LossWeights, batch_losses
+from gumiho.train.trainer import frequency_vocab, lr_lambda
+from gumiho.train.features import Sequence
+from tests.conftest import random_drafter, tiny_target
+
+
+def test_feature_loss_is_smooth_l1_mean():
+    pred = torch.zeros(1, 2)
+    target = torch.tensor([[0.5, 2.0]])  # 0.5 * 0.5^2 = 0.125 (quadratic part), 2 - 0.5 = 1.5 (linear part)
+    assert feature_loss(pred, target).item() == pytest.approx((0.125 + 1.5) / 2)
+    assert feature_loss(torch.zeros(0, 2), torch.zeros(0, 2)).item() == 0.0
+
+
+def test_soft_cross_entropy_against_teacher_distribution():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # q = (1/4, 3/4)
+    teacher = torch.zeros(1, 2)  # p = (1/2, 1/2)
+    expected = -(0.5 * math.log(0.25) + 0.5 * math.log(0.75))
+    assert soft_cross_entropy(logits, teacher).item() == pytest.approx(expected, rel=1e-6)
+    # Minimal (= teacher entropy) when the draft matches the teacher.
+    assert soft_cross_entropy(teacher, teacher).item() == pytest.approx(math.log(2.0), rel=1e-6)
+
+
+def test_head_weights_decay():
+    assert head_weights(3) == pytest.approx([0.8 / 9, 0.64 / 9, 0.512 / 9])
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    f = lr_lambda(warmup=4, total=12)
+    assert [f(s) for s in (0, 3)] == [0.25, 1.0]
+    assert f(8) == pytest.approx(0.5) and f(12) == 0.0
+
+
+def test_plan_batches_respects_token_budget():
+    lengths = [10, 50, 12, 48, 30, 5]
+    groups = plan_batches(lengths, batch_tokens=60)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert all(max(lengths[i] for i in g) * len(g) <= 60 or len(g) == 1 for g in groups)
+
+
+def test_frequency_vocab_ranks_assistant_tokens():
+    seq = Sequence(torch.tensor([9, 9, 5, 5, 5, 7, 3]), torch.tensor([1, 1, 1, 1, 1, 1, 0]).bool(), torch.zeros(7, 2))
+    ids, coverage = frequency_vocab([seq], size=2, vocab_size=10, always={3})
+    assert ids.tolist() == [3, 5]  # 3 is forced in although masked; 5 is the most frequent assistant token
+    assert coverage == pytest.approx(3 / 6)
+
+
+def _batch(target, length: int, loss_at: int) -> Batch:
+    torch.manual_seed(1)
+    ids = torch.randint(1, target.vocab_size, (1, length))
+    feats = target.model.model(input_ids=ids).last_hidden_state
+    mask = torch.zeros(1, length, dtype=torch.bool)
+    mask[0, loss_at] = True
+    return Batch(ids, mask, feats, length)
+
+
+@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+def test_losses_read_the_right_slots(kind):
+    """With one masked token x_p, the serial loss compares h_{p-2} with f_{p-1} and MLP head 0 compares its
+    prediction from slot p-4 with f_{p-1}."""
+    target = tiny_target(vocab=32)
+    drafter = random_drafter(kind, target, scale=0.2).attach(target.embed_weight, target.head_weight)
+    p = 9
+    batch = _batch(target, 14, p)
+    ids, f = batch.input_ids[0], batch.features[0]
+    _, parts = batch_losses(drafter, batch, LossWeights(), noise=0.0)
+    tr = drafter.transformer
+    with torch.no_grad():
+        h = tr(tr.fuse(drafter.embed(ids[1:]), f[:-1])[None], torch.arange(13))[0]
+        assert parts["lv"] == pytest.approx(feature_loss(h[p - 2: p - 1], f[p - 1: p]).item(), rel=1e-5)
+        if kind == "gumiho":
+            t = p - 4
+            u = torch.cat([tr.fuse(drafter.embed(ids[t + 2]), h[t]), tr.fuse(drafter.embed(ids[t + 3]), h[t + 1])])
+            out = drafter.heads(u[None])[0]
+            assert parts["lv_mlp0"] == pytest.approx(feature_loss(out, f[p - 1: p]).item(), rel=1e-5)
+            assert "lv_mlp1" in parts
