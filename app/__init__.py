@@ -1,0 +1,1 @@
+"""The Gradio app: reads traces from the engine and draws them."""

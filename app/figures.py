@@ -1,0 +1,262 @@
+"""Traces -> Plotly figures. Pure functions: no model, no UI state."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from gumiho.trace import CycleTrace, GenerationTrace, TraceNode
+
+from .analysis import accepted_path, timeline, tokens_per_cycle
+from .style import (
+    ACCEPTED_COLOR,
+    BONUS_COLOR,
+    FTA_COLOR,
+    METHOD_COLORS,
+    TIME_COLORS,
+    method_name,
+    source_color,
+    source_name,
+    source_order,
+    token_label,
+)
+
+EDGE_COLOR = "#cbd5e1"
+FONT = dict(family="system-ui, sans-serif", size=12)
+
+
+def _base_layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=14)),
+        height=height,
+        margin=dict(l=40, r=20, t=60, b=40),
+        font=FONT,
+        plot_bgcolor="white",
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
+    )
+    return fig
+
+
+def empty_figure(message: str, height: int = 300) -> go.Figure:
+    """A blank plot that says why there is nothing to draw."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=14))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _base_layout(fig, "", height)
+
+
+# ---------------------------------------------------------------------------------------------- draft tree
+
+
+def tree_layout(nodes: list[TraceNode]) -> dict[int, tuple[float, float]]:
+    """(x, y) per node id: x = depth, leaves on consecutive rows (best-scored child first), parents centred."""
+    children: dict[int, list[TraceNode]] = {n.id: [] for n in nodes}
+    for node in nodes:
+        if node.parent in children:
+            children[node.parent].append(node)
+    rows: dict[int, float] = {}
+    leaves = iter(range(len(nodes)))
+
+    def place(node: TraceNode) -> float:
+        kids = sorted(children[node.id], key=lambda n: -n.score)
+        if kids:
+            ys = [place(kid) for kid in kids]
+            rows[node.id] = (ys[0] + ys[-1]) / 2
+        else:
+            rows[node.id] = float(next(leaves))
+        return rows[node.id]
+
+    for root in (n for n in nodes if n.parent not in children):
+        place(root)
+    return {n.id: (float(n.depth), rows[n.id]) for n in nodes}
+
+
+def _segments(pairs: list[tuple[int, int]], pos: dict[int, tuple[float, float]]) -> tuple[list, list]:
+    xs: list = []
+    ys: list = []
+    for a, b in pairs:
+        if a in pos and b in pos:
+            xs += [pos[a][0], pos[b][0], None]
+            ys += [pos[a][1], pos[b][1], None]
+    return xs, ys
+
+
+def fta_segments(cycle: CycleTrace) -> list[tuple[int, int]]:
+    """Path segments whose lower end Full Tree Attention borrowed from another branch (drawn dashed)."""
+    pairs = []
+    for path in cycle.paths:
+        for i in range(1, len(path.nodes)):
+            if path.filled[i] and (path.nodes[i - 1], path.nodes[i]) not in pairs:
+                pairs.append((path.nodes[i - 1], path.nodes[i]))
+    return pairs
+
+
+def _node_hover(node: TraceNode, accepted: bool) -> str:
+    lines = [f"<b>{token_label(node.text, 24)}</b>", f"head: {node.source}", f"depth: {node.depth}"]
+    if node.parent >= 0:
+        lines.append(f"score (cum. log q): {node.score:.2f}  (q ≈ {math.exp(node.score):.3f})")
+    lines.append(f"node {node.id}" + (" · accepted" if accepted else ""))
+    return "<br>".join(lines)
+
+
+def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
+    """One cycle's draft tree: nodes coloured by head and shaded by score, accepted path, FTA segments, bonus."""
+    if not cycle.nodes:
+        return empty_figure("this trace has no draft tree for this cycle")
+    pos = tree_layout(cycle.nodes)
+    accepted = set(cycle.accepted_nodes)
+    fig = go.Figure()
+
+    edges = [(n.parent, n.id) for n in cycle.nodes if n.parent >= 0]
+    xs, ys = _segments(edges, pos)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="draft edge", line=dict(color=EDGE_COLOR, width=1.5),
+                             hoverinfo="skip", showlegend=False))
+    chain = list(zip(cycle.accepted_nodes, cycle.accepted_nodes[1:]))
+    xs, ys = _segments(chain, pos)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="accepted path", line=dict(color=ACCEPTED_COLOR, width=5),
+                             hoverinfo="skip", visible=True if chain else "legendonly"))
+    filled = fta_segments(cycle)
+    if filled:
+        xs, ys = _segments(filled, pos)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="FTA-borrowed",
+                                 line=dict(color=FTA_COLOR, width=2, dash="dash"), hoverinfo="skip"))
+
+    lowest = min(n.score for n in cycle.nodes)
+    for source in sorted({n.source for n in cycle.nodes}, key=source_order):
+        group = [n for n in cycle.nodes if n.source == source]
+        # Shade: the cumulative draft log-prob relative to this tree's lowest (root and best = opaque).
+        opacity = [1.0 if lowest == 0 else 0.3 + 0.7 * (1 - n.score / lowest) for n in group]
+        fig.add_trace(go.Scatter(
+            x=[pos[n.id][0] for n in group],
+            y=[pos[n.id][1] for n in group],
+            mode="markers+text",
+            name=source_name(source),
+            text=[token_label(n.text) for n in group],
+            textposition="top center",
+            customdata=[n.id for n in group],
+            hovertext=[_node_hover(n, n.id in accepted) for n in group],
+            hoverinfo="text",
+            marker=dict(
+                size=16 if source == "root" else 13,
+                color=source_color(source),
+                opacity=opacity,
+                line=dict(color=[ACCEPTED_COLOR if n.id in accepted else "white" for n in group],
+                          width=[3 if n.id in accepted else 1 for n in group]),
+            ),
+        ))
+
+    last = cycle.accepted_nodes[-1] if cycle.accepted_nodes else cycle.nodes[0].id
+    bx, by = pos[last][0] + 0.5, pos[last][1] + 0.5  # between the depth columns, so it never hides a node
+    fig.add_trace(go.Scatter(x=[pos[last][0], bx], y=[pos[last][1], by], mode="lines", showlegend=False,
+                             line=dict(color=BONUS_COLOR, width=3, dash="dot"), hoverinfo="skip"))
+    fig.add_trace(go.Scatter(
+        x=[bx], y=[by], mode="markers+text", name="bonus (target's token)", text=[token_label(cycle.bonus_text)],
+        textposition="bottom center", marker=dict(symbol="star", size=20, color=BONUS_COLOR, line=dict(width=1)),
+        hovertext=[f"<b>{token_label(cycle.bonus_text, 24)}</b><br>bonus token: the target's own next token"],
+        hoverinfo="text",
+    ))
+
+    leaves = max(y for _, y in pos.values()) + 1
+    depth = max(x for x, _ in pos.values()) + 1
+    fig.update_xaxes(title="depth (draft tokens after the root)", tickmode="linear", dtick=1,
+                     range=[-0.5, depth + 0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    if title is None:
+        title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
+                 f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
+    return _base_layout(fig, title, int(190 + 30 * leaves))
+
+
+# ---------------------------------------------------------------------------------------------- race charts
+
+
+def _name(trace: GenerationTrace) -> str:
+    fta = " +FTA" if trace.settings.get("fta_applied") else ""
+    return method_name(trace.method) + fta
+
+
+def race_timeline_figure(traces: list[GenerationTrace]) -> go.Figure:
+    """Cumulative output tokens against wall time, one line per method."""
+    fig = go.Figure()
+    for trace in traces:
+        seconds, counts = timeline(trace)
+        fig.add_trace(go.Scatter(x=seconds, y=counts, mode="lines", name=_name(trace), line_shape="hv",
+                                 line=dict(color=METHOD_COLORS.get(trace.method), width=3)))
+    fig.update_xaxes(title="wall time (s)", rangemode="tozero", gridcolor="#eee")
+    fig.update_yaxes(title="tokens generated", rangemode="tozero", gridcolor="#eee")
+    return _base_layout(fig, "Tokens over time (prefill included)", 380)
+
+
+def race_timing_figure(traces: list[GenerationTrace]) -> go.Figure:
+    """Per-cycle stacked bars of draft / verify / other time, one row per method."""
+    if not traces:
+        return empty_figure("no runs yet")
+    fig = make_subplots(rows=len(traces), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[_name(t) for t in traces])
+    for row, trace in enumerate(traces, 1):
+        cycles = [c.index for c in trace.steps]
+        for part in ("draft", "verify", "other"):
+            fig.add_trace(go.Bar(x=cycles, y=[getattr(c, f"{part}_ms") for c in trace.steps], name=part,
+                                 legendgroup=part, showlegend=row == 1, marker_color=TIME_COLORS[part]),
+                          row=row, col=1)
+        fig.update_yaxes(title_text="ms", row=row, col=1, gridcolor="#eee")
+    fig.update_layout(barmode="stack", bargap=0.1)
+    fig.update_xaxes(title_text="cycle", row=len(traces), col=1)
+    return _base_layout(fig, "Where each cycle's time goes", 160 + 160 * len(traces))
+
+
+def race_tau_figure(traces: list[GenerationTrace]) -> go.Figure:
+    """Tokens per verification forward: per cycle (left) and their histogram (right)."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
+                        subplot_titles=["τ per cycle (accepted + bonus)", "histogram"])
+    for trace in traces:
+        per_cycle = tokens_per_cycle(trace)
+        color = METHOD_COLORS.get(trace.method)
+        fig.add_trace(go.Scatter(x=list(range(len(per_cycle))), y=per_cycle, mode="lines+markers", name=_name(trace),
+                                 legendgroup=trace.method, line=dict(color=color), marker=dict(size=5)), row=1, col=1)
+        counts = Counter(per_cycle)
+        lengths = sorted(counts)
+        fig.add_trace(go.Bar(x=lengths, y=[counts[n] for n in lengths], name=_name(trace), legendgroup=trace.method,
+                             showlegend=False, marker_color=color), row=1, col=2)
+    fig.update_layout(barmode="group")
+    _base_layout(fig, "τ: tokens per target forward", 380)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(b=80))
+    fig.update_xaxes(title_text="cycle", row=1, col=1)
+    fig.update_xaxes(title_text="tokens per cycle", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", gridcolor="#eee", row=1, col=1)
+    fig.update_yaxes(title_text="cycles", gridcolor="#eee", row=1, col=2)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- lesson
+
+
+def chain_figure(terms: list[float], gradient: list[float]) -> go.Figure:
+    """The τ calculator: P(first k draft tokens accepted) per k, and how much τ gains per unit of p_k."""
+    ks = list(range(1, len(terms) + 1))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=ks, y=terms, name="Π_{i≤k} p_i  (term k of τ)", marker_color="#60a5fa"))
+    fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p_k  (value of improving position k)", mode="lines+markers",
+                             line=dict(color="#e76f51", width=3)))
+    fig.update_xaxes(title="draft position k", dtick=1)
+    fig.update_yaxes(rangemode="tozero", gridcolor="#eee")
+    return _base_layout(fig, "Each term of τ, and the payoff of improving each position", 340)
+
+
+# ---------------------------------------------------------------------------------------------- benchmarks
+
+
+def grouped_bar_figure(rows: list[dict], x: str, y: str, group: str, title: str) -> go.Figure:
+    """A grouped bar chart from table rows (one bar group per `x`, one colour per `group`)."""
+    fig = go.Figure()
+    for name in dict.fromkeys(str(r[group]) for r in rows):
+        part = [r for r in rows if str(r[group]) == name]
+        fig.add_trace(go.Bar(x=[str(r[x]) for r in part], y=[r[y] for r in part], name=name,
+                             marker_color=METHOD_COLORS.get(name.split()[0].lower().replace("-", ""))))
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title=y, gridcolor="#eee", rangemode="tozero")
+    return _base_layout(fig, title, 360)

@@ -1,0 +1,55 @@
+"""Re-record the example runs shipped in assets/traces/ with the current engine and drafters:
+
+    python -m app.record_examples            # every example (a race of EAGLE-2, Gumiho and AR per prompt)
+    python -m app.record_examples --max-new-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+from dataclasses import dataclass
+
+from .examples import PROMPTS, TRACES
+from .service import Control, RunSettings, load_default_engine, race, race_settings
+
+
+@dataclass(frozen=True)
+class Recording:
+    name: str
+    prompt: str
+    fta: bool
+
+
+RECORDINGS = [
+    Recording("photosynthesis", PROMPTS[0], fta=False),
+    Recording("palindrome", PROMPTS[1], fta=True),
+    Recording("haiku", PROMPTS[2], fta=False),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.record_examples", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    engine = load_default_engine(lambda phase: logging.info("engine: %s", phase))
+    device = engine.target.device.type
+    for recording in RECORDINGS:
+        settings = RunSettings(max_new_tokens=args.max_new_tokens, fta=recording.fta)
+        configs = {m: s.config(m, device) for m, s in race_settings(settings).items()}
+        traces = list(race(engine, recording.prompt, configs, Control()))[-1]
+        folder = TRACES / recording.name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for trace in traces:
+            (folder / f"{trace.method}.json").write_text(trace.to_json(), encoding="utf-8")
+            logging.info("%s/%s: %d tokens, tau %.2f, %.1f tokens/s", recording.name, trace.method,
+                         trace.new_tokens, trace.tau, trace.tokens_per_s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

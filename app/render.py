@@ -1,0 +1,179 @@
+"""Traces -> HTML, Markdown and tables for the page (pure functions)."""
+
+from __future__ import annotations
+
+import html
+from itertools import groupby
+
+import pandas as pd
+
+from gumiho.trace import CycleTrace, GenerationTrace
+
+from .analysis import Token, elapsed_s, first_divergence, output_tokens, time_shares, token_ids
+from .style import BONUS_COLOR, method_name, source_color, source_name, source_order, token_label
+
+PATH_COLUMNS = ["path", "tokens (root → leaf; [FTA-borrowed])", "length", "accepted", "leaf score"]
+RACE_COLUMNS = ["method", "tokens", "cycles", "τ", "wall s", "tokens/s", "speed-up vs AR", "draft %", "verify %",
+                "other %"]
+
+
+EMPTY_OUTPUT = '<div class="gm-output"><i>no output yet</i></div>'
+
+
+def empty_paths_table() -> pd.DataFrame:
+    return pd.DataFrame(columns=PATH_COLUMNS)
+
+
+def _token_span(token: Token, diff: bool = False) -> str:
+    if token.source == "bonus":
+        classes, style, what = "gm-tok gm-bonus", "", "bonus token (the target's own next token)"
+    elif token.source == "prefill":
+        classes, style, what = "gm-tok", "", "first token (from the prefill forward)"
+    else:
+        classes, style = "gm-tok", f"background:{source_color(token.source)}40"
+        what = f"draft token accepted, drafted by {source_name(token.source)}"
+    if token.borrowed:
+        classes += " gm-borrowed"
+        what += "; at an FTA-borrowed position"
+    if diff:
+        classes += " gm-diff"
+        what += "; differs from AR from here on"
+    where = "prefill" if token.cycle < 0 else f"cycle {token.cycle}"
+    return (f'<span class="{classes}" style="{style}" data-source="{token.source}" '
+            f'title="{html.escape(where + ": " + what)}">{html.escape(token.text)}</span>')
+
+
+def output_html(trace: GenerationTrace, selected: int | None = None, diverges_at: int | None = None) -> str:
+    """The output with each cycle's tokens marked; `selected` outlines one cycle, `diverges_at` marks a token index
+    and everything after it."""
+    tokens = output_tokens(trace)
+    if not tokens:
+        return EMPTY_OUTPUT
+    parts = []
+    index = 0
+    for cycle, group in groupby(tokens, key=lambda t: t.cycle):
+        spans = []
+        for token in group:
+            spans.append(_token_span(token, diverges_at is not None and index >= diverges_at))
+            index += 1
+        selected_class = " gm-selected" if cycle == selected else ""
+        parts.append(f'<span class="gm-cycle{selected_class}" data-cycle="{cycle}">{"".join(spans)}</span>')
+    return f'<div class="gm-output">{"".join(parts)}</div>'
+
+
+def legend_html(trace: GenerationTrace) -> str:
+    """Colour chips for the heads that appear in this trace, plus the bonus and FTA marks."""
+    sources = sorted({n.source for c in trace.steps for n in c.nodes if n.source != "root"}, key=source_order)
+    chips = [f'<span style="background:{source_color(s)}40">{html.escape(source_name(s))}</span>' for s in sources]
+    chips.append(f'<span style="box-shadow: inset 0 -3px 0 {BONUS_COLOR}">bonus token</span>')
+    if trace.settings.get("fta_applied"):
+        chips.append('<span class="gm-borrowed">FTA-borrowed</span>')
+    return f'<div class="gm-legend">{"".join(chips)}</div>'
+
+
+def trace_summary(trace: GenerationTrace) -> str:
+    """One Markdown line about a whole generation."""
+    tree = trace.settings.get("tree") or {}
+    shape = ", ".join(f"{k} {v}" for k, v in tree.items() if k in ("top_k", "depth", "total_tokens") and v)
+    fta = " · FTA on" if trace.settings.get("fta_applied") else ""
+    temperature = (trace.settings.get("sampling") or {}).get("temperature", 0)
+    seconds = elapsed_s(trace)
+    rate = len(token_ids(trace)) / seconds if seconds else 0.0
+    finish = f" · finished: {trace.finish_reason}" if trace.finish_reason else " · running…"
+    drafter = f" · drafter `{trace.drafter}`" if trace.drafter else ""
+    return (f"**{method_name(trace.method)}** · {len(token_ids(trace))} tokens in {trace.cycles} cycles · "
+            f"τ {_tau(trace):.2f} · {rate:.1f} tokens/s · T={temperature}"
+            f"{' · tree: ' + shape if shape else ''}{fta}{drafter}{finish}")
+
+
+def _tau(trace: GenerationTrace) -> float:
+    produced = len(token_ids(trace))
+    return (produced - 1) / trace.cycles if trace.cycles else float(produced > 0)
+
+
+def cycle_markdown(cycle: CycleTrace) -> str:
+    """What happened in one cycle, in one paragraph."""
+    nodes = {n.id: n for n in cycle.nodes}
+    accepted = [nodes[i] for i in cycle.accepted_nodes[1:] if i in nodes]
+    got = ", ".join(f"`{token_label(n.text, 16)}` ({n.source})" for n in accepted) or "none"
+    fta = " The accepted path went through an FTA-borrowed position." if cycle.fta_used else ""
+    return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{'s' if cycle.tree_size != 1 else ''}"
+            f" in one target forward · accepted draft tokens: {got} · bonus: `{token_label(cycle.bonus_text, 16)}` · "
+            f"emitted {len(cycle.emitted)} · draft {cycle.draft_ms:.0f} ms, verify {cycle.verify_ms:.0f} ms, "
+            f"other {cycle.other_ms:.0f} ms.{fta}")
+
+
+def paths_table(cycle: CycleTrace) -> pd.DataFrame:
+    """The cycle's candidate paths, most accepted first."""
+    nodes = {n.id: n for n in cycle.nodes}
+    rows = []
+    for number, path in enumerate(cycle.paths):
+        words = [
+            f"[{token_label(nodes[i].text)}]" if filled else token_label(nodes[i].text)
+            for i, filled in zip(path.nodes[1:], path.filled[1:])
+        ]
+        rows.append({
+            PATH_COLUMNS[0]: number,
+            PATH_COLUMNS[1]: " → ".join(words),
+            PATH_COLUMNS[2]: len(path.nodes) - 1,
+            PATH_COLUMNS[3]: path.accepted,
+            PATH_COLUMNS[4]: round(nodes[path.nodes[-1]].score, 2),
+        })
+    table = pd.DataFrame(rows, columns=PATH_COLUMNS)
+    return table.sort_values(PATH_COLUMNS[3], ascending=False, kind="stable").reset_index(drop=True)
+
+
+def race_table(traces: list[GenerationTrace]) -> pd.DataFrame:
+    """Headline numbers per method; speed-up is tokens/s over the AR run's tokens/s."""
+    rates = {t.method: len(token_ids(t)) / elapsed_s(t) if elapsed_s(t) else 0.0 for t in traces}
+    base = rates.get("ar", 0.0)
+    rows = []
+    for trace in traces:
+        shares = time_shares(trace)
+        rate = rates[trace.method]
+        rows.append([
+            method_name(trace.method) + (" +FTA" if trace.settings.get("fta_applied") else ""),
+            len(token_ids(trace)), trace.cycles, round(_tau(trace), 2), round(elapsed_s(trace), 2), round(rate, 1),
+            f"{rate / base:.2f}×" if base else "–",
+            round(100 * shares["draft"]), round(100 * shares["verify"]), round(100 * shares["other"]),
+        ])
+    return pd.DataFrame(rows, columns=RACE_COLUMNS)
+
+
+def race_headline(traces: list[GenerationTrace]) -> str:
+    """A one-line verdict of the race."""
+    if not traces:
+        return "Run a race to compare the three methods on one prompt."
+    parts = []
+    for _, row in race_table(traces).iterrows():
+        speedup = f", {row['speed-up vs AR']} AR" if row["speed-up vs AR"] != "–" else ""
+        parts.append(f"**{row['method']}** {row['tokens/s']} tokens/s (τ {row['τ']}{speedup})")
+    return " · ".join(parts)
+
+
+def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
+    if diverges is None:
+        return "identical to AR"
+    if (trace.settings.get("sampling") or {}).get("temperature", 0) > 0:
+        why = "sampling at T > 0 draws different tokens"
+    elif any(c.fta_used for c in trace.steps):
+        why = "FTA accepted borrowed tokens"
+    elif trace.settings.get("fta_applied"):
+        why = "FTA let short paths attend to borrowed nodes, which changed a bonus token"
+    else:
+        why = "floating-point ties in the tree forward"
+    return f"differs from AR from token {diverges}: {why}"
+
+
+def race_texts_html(traces: list[GenerationTrace]) -> str:
+    """The texts side by side; where a text leaves AR's (FTA, or sampling at T > 0) it is marked from that token."""
+    reference = next((token_ids(t) for t in traces if t.method == "ar"), None)
+    columns = []
+    for trace in traces:
+        compared = reference is not None and trace.method != "ar"
+        diverges = first_divergence(token_ids(trace), reference) if compared else None
+        note = _difference_note(trace, diverges) if compared else "the target's own greedy or sampled text"
+        columns.append(f"<div><h4>{html.escape(method_name(trace.method))}"
+                       f"{' +FTA' if trace.settings.get('fta_applied') else ''}</h4>"
+                       f"<small>{html.escape(note)}</small>{output_html(trace, diverges_at=diverges)}</div>")
+    return f'<div class="gm-texts">{"".join(columns)}</div>'

@@ -1,0 +1,261 @@
+"""The engine behind the page: background loading, settings -> engine configs, streaming runs, Stop per visitor.
+
+transformers (through `gumiho.engine`) is imported in the loader thread, so the page, with its shipped example
+traces, is served before the model has loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
+
+from gumiho.errors import GumihoError
+from gumiho.sampling import SamplingConfig
+from gumiho.trace import GenerationTrace, TraceError
+from gumiho.tree import TreeSettings
+
+from .style import method_name
+
+if TYPE_CHECKING:
+    from gumiho.engine import Engine, GenerationConfig, Run
+
+log = logging.getLogger(__name__)
+
+METHODS = ("gumiho", "eagle2", "ar")
+RACE_ORDER = ("eagle2", "gumiho", "ar")
+MAX_NEW_TOKENS = 512
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a visitor chose. Tree fields left as None keep the method's default for the device."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    top_k: int | None = None
+    depth: int | None = None
+    total_tokens: int | None = None
+    mlptopk: int | None = None
+    pruning: int | None = None
+    fta: bool | None = None
+
+    def config(self, method: str, device_type: str = "cpu") -> GenerationConfig:
+        """The engine's config for `method`; raises GumihoError with a message for the visitor."""
+        from gumiho.engine import METHODS as ENGINE_METHODS, GenerationConfig
+
+        if method not in ENGINE_METHODS:
+            raise GumihoError(f"unknown method {method!r}; choose one of {', '.join(ENGINE_METHODS)}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise GumihoError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+        sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p)
+        tree = None
+        if method != "ar":
+            chosen = {"top_k": self.top_k, "depth": self.depth, "total_tokens": self.total_tokens}
+            if method == "gumiho":  # the MLP beam and Full Tree Attention belong to Gumiho's tree
+                chosen.update(mlptopk=self.mlptopk, pruning=self.pruning, fta=self.fta)
+            tree = replace(TreeSettings.default(method, device_type),
+                           **{k: v for k, v in chosen.items() if v is not None})
+            tree.validate(method)
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=sampling, seed=self.seed, trace=True,
+                                tree=tree)
+
+
+def race_settings(settings: RunSettings) -> dict[str, RunSettings]:
+    """Matched budgets: EAGLE-2 and Gumiho verify the same number of tokens with the same top-k; depths stay
+    each method's own (EAGLE-2 expands serially, Gumiho drafts 2 serial + 5 parallel tokens)."""
+    shared = replace(settings, depth=None, mlptopk=None, pruning=None)
+    return {method: shared for method in RACE_ORDER}
+
+
+def tree_defaults(method: str) -> dict[str, int | bool]:
+    """The method's default tree on CPU, for the settings panel."""
+    return TreeSettings.default(method, "cpu").to_dict()
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_default_engine(report: Callable[[str], None]) -> Engine:
+    """The default model with the shipped drafters (random ones if none ship), warmed up once per method."""
+    report("importing transformers")
+    from gumiho.engine import METHODS as ENGINE_METHODS, GenerationConfig
+    from gumiho.loader import build_engine
+
+    report("loading SmolLM2-135M-Instruct and the drafters")
+    engine = build_engine()
+    report("warming up")
+    for method in ENGINE_METHODS:  # the first forwards in a process are slower: keep them out of the visitors' timings
+        engine.generate("Hello", method, GenerationConfig(max_new_tokens=4, trace=False))
+    return engine
+
+
+class EngineLoader:
+    """Loads the engine in a background thread and says how far it got."""
+
+    def __init__(self, load: Callable[[Callable[[str], None]], Engine] = load_default_engine):
+        self._load = load
+        self._ready = threading.Event()
+        self.engine: Engine | None = None
+        self.error: str | None = None
+        self.phase = "starting"
+        self.started = time.monotonic()
+        self.load_s = 0.0
+
+    def start(self) -> EngineLoader:
+        threading.Thread(target=self._run, name="engine-loader", daemon=True).start()
+        return self
+
+    def _report(self, phase: str) -> None:
+        self.phase = phase
+        log.info("engine: %s (%.1f s)", phase, time.monotonic() - self.started)
+
+    def _run(self) -> None:
+        try:
+            self.engine = self._load(self._report)
+        except Exception as exc:  # shown on the page; the examples and replays keep working
+            log.exception("the engine failed to load")
+            self.error = str(exc) or type(exc).__name__
+        self.load_s = time.monotonic() - self.started
+        log.warning("engine %s after %.1f s", "ready" if self.engine else "failed", self.load_s)
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait(self, timeout: float | None = None) -> Engine | None:
+        """The engine once loaded (None while still loading after `timeout`); raises GumihoError if loading failed."""
+        self._ready.wait(timeout)
+        if self.error:
+            raise GumihoError(f"the model could not be loaded: {self.error}")
+        return self.engine
+
+    def status(self) -> str:
+        """A Markdown line for the top of the page."""
+        if self.error:
+            return f"**Model failed to load:** {self.error}. Example traces and replays still work."
+        if not self.ready:
+            return (f"**Loading the model in the background** ({self.phase}, "
+                    f"{time.monotonic() - self.started:.0f} s) · the examples below are recorded runs.")
+        engine = self.engine
+        drafters = []
+        for method, name in engine.drafter_names.items():
+            trained = "untrained random weights: nothing gets accepted" if name.startswith("random") else "trained"
+            drafters.append(f"{method_name(method)} ({trained})")
+        return (f"**Model ready** · {engine.target.name} on {engine.target.device.type} · drafters: "
+                f"{', '.join(drafters)} · loaded in {self.load_s:.0f} s")
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class Control:
+    """A visitor's handle on what is running for them, so Stop can end it between cycles."""
+
+    stopped: bool = False
+    run: Run | None = None
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.run is not None:
+            self.run.stop()
+
+
+class Sessions:
+    """The Control of each visitor (by Gradio session) with something running."""
+
+    def __init__(self) -> None:
+        self._controls: dict[str, Control] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def control(self, session: str) -> Iterator[Control]:
+        control = Control()
+        with self._lock:
+            self._controls[session] = control
+        try:
+            yield control
+        finally:
+            with self._lock:
+                if self._controls.get(session) is control:
+                    del self._controls[session]
+
+    def stop(self, session: str) -> bool:
+        with self._lock:
+            control = self._controls.get(session)
+        if control is None:
+            return False
+        control.stop()
+        return True
+
+
+def stream(engine: Engine, prompt: str, method: str, config: GenerationConfig,
+           control: Control) -> Iterator[GenerationTrace]:
+    """The run's trace after every cycle, then once more when finished (text, wall time and finish reason set)."""
+    run = engine.run(prompt, method, config)
+    control.run = run
+    if control.stopped:
+        run.stop()
+    for _ in run:
+        yield run.trace
+    yield run.trace
+
+
+def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig],
+         control: Control) -> Iterator[list[GenerationTrace]]:
+    """EAGLE-2, Gumiho and AR one after the other (never concurrently, so timings stay honest)."""
+    done: list[GenerationTrace] = []
+    for method in RACE_ORDER:
+        if control.stopped:
+            break
+        trace = None
+        for trace in stream(engine, prompt, method, configs[method], control):
+            yield done + [trace]
+        done.append(trace)
+
+
+def throttle(items: Iterable[T], every_s: float) -> Iterator[T]:
+    """Pass items on at most once per `every_s` seconds, always including the last one."""
+    last = float("-inf")
+    pending = False
+    item = None
+    for item in items:
+        pending = True
+        now = time.monotonic()
+        if now - last >= every_s:
+            last, pending = now, False
+            yield item
+    if pending:
+        yield item
+
+
+def save_traces(traces: list[GenerationTrace]) -> list[str]:
+    """Write traces as JSON files for download; returns their paths."""
+    folder = Path(tempfile.mkdtemp(prefix="gumiho-traces-"))
+    paths = []
+    for trace in traces:
+        path = folder / f"trace-{trace.method}.json"
+        path.write_text(trace.to_json(indent=1), encoding="utf-8")
+        paths.append(str(path))
+    return paths
+
+
+def read_trace(path: str | Path) -> GenerationTrace:
+    """A trace from an uploaded file; raises TraceError with a readable reason."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TraceError("the file is not UTF-8 text (expected a trace JSON file)") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read the file: {exc.strerror}") from None
+    return GenerationTrace.from_json(text)

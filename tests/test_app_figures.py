@@ -1,0 +1,321 @@
+"""The app's pure parts: trace -> figures, HTML and tables; the τ calculator; benchmark files; settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import analysis, figures, render
+from app.bench import chart_columns, read_results
+from app.examples import load_examples
+from app.lesson import lesson_parts
+from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, throttle
+from app.style import source_color, source_name, token_label
+from app.theory import Chain
+from gumiho.errors import GumihoError
+from gumiho.trace import TraceError
+
+from .app_traces import ar_trace, gumiho_trace
+
+
+def trace_named(fig, name):
+    matches = [t for t in fig.data if t.name == name]
+    assert len(matches) == 1, f"expected one trace named {name!r}, got {[t.name for t in fig.data]}"
+    return matches[0]
+
+
+def segments(trace) -> set[tuple[tuple[float, float], tuple[float, float]]]:
+    """The line segments of a Scatter drawn as x0, x1, None, ..."""
+    xs, ys = list(trace.x), list(trace.y)
+    return {((xs[i], ys[i]), (xs[i + 1], ys[i + 1])) for i in range(0, len(xs), 3)}
+
+
+# ---------------------------------------------------------------------------------------------- tree figure
+
+
+def test_tree_figure_has_every_node_once_coloured_by_its_head():
+    cycle = gumiho_trace().steps[0]
+    fig = figures.tree_figure(cycle)
+    by_head = {source: trace_named(fig, source_name(source)) for source in ("root", "serial-1", "serial-2", "mlp-3")}
+    ids = sorted(i for t in by_head.values() for i in t.customdata)
+    assert ids == [0, 1, 2, 3, 4, 5]
+    assert list(by_head["serial-1"].customdata) == [1, 2]
+    for source, trace in by_head.items():
+        assert trace.marker.color == source_color(source)
+    assert source_color("serial-1") != source_color("mlp-3") != source_color("eagle-2")
+    assert list(by_head["serial-2"].text) == [token_label(" sat"), token_label(" ran")] == ["␣sat", "␣ran"]
+
+
+def test_tree_figure_shades_nodes_by_score():
+    fig = figures.tree_figure(gumiho_trace().steps[0])
+    serial = trace_named(fig, source_name("serial-1"))
+    cat, dog = serial.marker.opacity  # scores -0.1 and -1.5: the likelier node is more opaque
+    assert 1.0 >= cat > dog > 0
+
+
+def test_tree_figure_highlights_the_accepted_path_and_dashes_fta_segments():
+    cycle = gumiho_trace().steps[0]
+    fig = figures.tree_figure(cycle)
+    pos = figures.tree_layout(cycle.nodes)
+    accepted = trace_named(fig, "accepted path")
+    assert segments(accepted) == {(pos[a], pos[b]) for a, b in [(0, 1), (1, 3), (3, 4)]}
+    fta = trace_named(fig, "FTA-borrowed")
+    assert fta.line.dash == "dash"
+    assert segments(fta) == {(pos[5], pos[4])}  # ' ran' -> borrowed ' on' is not a parent-child edge
+    edges = trace_named(fig, "draft edge")
+    assert (pos[5], pos[4]) not in segments(edges)
+    assert len(segments(edges)) == 5
+    # accepted nodes get a green ring
+    mlp = trace_named(fig, source_name("mlp-3"))
+    assert mlp.marker.line.width[0] == 3
+
+
+def test_tree_figure_shows_the_bonus_token_after_the_accepted_path():
+    cycle = gumiho_trace().steps[0]
+    fig = figures.tree_figure(cycle)
+    bonus = trace_named(fig, "bonus (target's token)")
+    assert list(bonus.text) == ["␣the"]
+    x_on = figures.tree_layout(cycle.nodes)[4][0]
+    assert bonus.x[0] > x_on
+
+
+def test_tree_figure_without_fta_or_acceptance():
+    fig = figures.tree_figure(ar_trace().steps[0])
+    names = [t.name for t in fig.data]
+    assert "FTA-borrowed" not in names
+    assert trace_named(fig, "accepted path").visible == "legendonly"
+    assert list(trace_named(fig, source_name("root")).customdata) == [0]
+
+
+def test_tree_layout_puts_parents_between_their_children_and_leaves_on_their_own_rows():
+    nodes = gumiho_trace().steps[0].nodes
+    pos = figures.tree_layout(nodes)
+    assert all(pos[n.id][0] == n.depth for n in nodes)
+    leaves = [4, 5]
+    assert len({pos[i][1] for i in leaves}) == 2
+    assert pos[0][1] == (pos[1][1] + pos[2][1]) / 2
+    assert pos[1][1] < pos[2][1]  # the better-scored child comes first
+
+
+def test_hover_text_names_token_score_depth_and_head():
+    fig = figures.tree_figure(gumiho_trace().steps[0])
+    hover = trace_named(fig, source_name("mlp-3")).hovertext[0]
+    assert "␣on" in hover and "head: mlp-3" in hover and "depth: 3" in hover and "-0.50" in hover
+
+
+# ---------------------------------------------------------------------------------------------- race charts
+
+
+def race_traces():
+    return [gumiho_trace(), ar_trace()]
+
+
+def test_race_timeline_has_one_line_per_method_ending_at_the_token_count():
+    fig = figures.race_timeline_figure(race_traces())
+    assert [t.name for t in fig.data] == ["Gumiho +FTA", "AR"]
+    gumiho, ar = fig.data
+    assert list(gumiho.y) == [0, 1, 5, 6]
+    assert list(ar.y) == [0, 1, 2, 3, 4, 5, 6]
+    assert gumiho.x[1] == pytest.approx(0.1) and gumiho.x[-1] == pytest.approx(0.1 + 2 * 0.085)
+
+
+def test_race_timing_bars_stack_draft_verify_other_per_cycle():
+    fig = figures.race_timing_figure(race_traces())
+    assert fig.layout.barmode == "stack"
+    bars = [(t.name, len(t.y)) for t in fig.data]
+    assert bars == [("draft", 2), ("verify", 2), ("other", 2), ("draft", 5), ("verify", 5), ("other", 5)]
+    assert list(fig.data[1].y) == [60.0, 60.0]
+
+
+def test_race_tau_figure_per_cycle_and_histogram():
+    fig = figures.race_tau_figure(race_traces())
+    lines = [t for t in fig.data if t.type == "scatter"]
+    hist = [t for t in fig.data if t.type == "bar"]
+    assert list(lines[0].y) == [4, 1] and list(lines[1].y) == [1] * 5
+    assert dict(zip(hist[0].x, hist[0].y)) == {1: 1, 4: 1}
+    assert dict(zip(hist[1].x, hist[1].y)) == {1: 5}
+
+
+# ---------------------------------------------------------------------------------------------- analysis + HTML
+
+
+def test_output_tokens_carry_their_heads_and_bonus_marks():
+    tokens = analysis.output_tokens(gumiho_trace())
+    assert [t.text for t in tokens] == ["The", " cat", " sat", " on", " the", "."]
+    assert [t.source for t in tokens] == ["prefill", "serial-1", "serial-2", "mlp-3", "bonus", "bonus"]
+    assert [t.cycle for t in tokens] == [-1, 0, 0, 0, 0, 1]
+
+
+def test_output_html_marks_each_head_and_the_selected_cycle():
+    html = render.output_html(gumiho_trace(), selected=1)
+    for source in ("serial-1", "serial-2", "mlp-3", "bonus"):
+        assert f'data-source="{source}"' in html
+    assert html.count("gm-selected") == 1 and 'gm-cycle gm-selected" data-cycle="1"' in html
+    assert "gm-diff" not in html
+    assert render.output_html(gumiho_trace(), diverges_at=4).count("gm-diff") == 2
+
+
+def test_output_html_escapes_token_text():
+    trace = ar_trace()
+    trace.steps[0].bonus_text = "<script>"
+    assert "<script>" not in render.output_html(trace) and "&lt;script&gt;" in render.output_html(trace)
+
+
+def test_paths_table_lists_paths_most_accepted_first_with_borrowed_tokens_bracketed():
+    table = render.paths_table(gumiho_trace().steps[0])
+    assert list(table["accepted"]) == [3, 0]
+    assert table.iloc[1, 1] == "␣dog → ␣ran → [␣on]"
+    assert list(table["length"]) == [3, 3]
+
+
+def test_race_table_speedup_is_over_ar():
+    table = render.race_table(race_traces())
+    assert list(table["method"]) == ["Gumiho +FTA", "AR"]
+    assert list(table["speed-up vs AR"]) == ["2.00×", "1.00×"]
+    assert list(table["τ"]) == [2.5, 1.0]
+
+
+def test_race_texts_mark_where_a_text_leaves_ar():
+    same = render.race_texts_html(race_traces())
+    assert "identical to AR" in same and "gm-diff" not in same
+    other = ar_trace(("The", " dog", " sat", " on", " the", "."))
+    differs = render.race_texts_html([gumiho_trace(), other])
+    assert "differs from AR from token 1" in differs and "gm-diff" in differs
+
+
+def test_timeline_and_divergence_helpers():
+    seconds, counts = analysis.timeline(gumiho_trace())
+    assert counts == [0, 1, 5, 6] and seconds[0] == 0
+    assert analysis.first_divergence([1, 2, 3], [1, 2, 4]) == 2
+    assert analysis.first_divergence([1, 2], [1, 2, 3]) is None
+    shares = analysis.time_shares(gumiho_trace())
+    assert shares["verify"] == pytest.approx(60 / 85)
+
+
+# ---------------------------------------------------------------------------------------------- τ calculator
+
+
+def test_chain_tau_matches_the_blog_examples():
+    assert Chain.parse("0.8, 0.8, 0.8").tau == pytest.approx(1.952)
+    assert Chain.parse("0.85 0.8 0.75").tau == pytest.approx(2.040)
+    assert Chain.parse("0.9, 0.1, 1, 1, 1, 1").tau == pytest.approx(1.35)
+    assert Chain.parse("1.0, 0.0, 1, 1, 1, 1").tau == pytest.approx(1.0)
+
+
+def test_chain_gradient_matches_finite_differences_and_favours_early_positions():
+    p = [0.7, 0.6, 0.5, 0.4]
+    chain = Chain(tuple(p))
+    for j, grad in enumerate(chain.gradient()):
+        bumped = list(p)
+        bumped[j] += 1e-6
+        assert grad == pytest.approx((Chain(tuple(bumped)).tau - chain.tau) / 1e-6, rel=1e-4)
+    grads = Chain((0.8,) * 5).gradient()
+    assert grads == sorted(grads, reverse=True)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0.5, 1.5", "-0.1", ",".join(["0.5"] * 17)])
+def test_chain_rejects_bad_input_with_a_message(text):
+    with pytest.raises(ValueError) as err:
+        Chain.parse(text)
+    assert str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def test_bench_reader_handles_records_csv_metadata_and_broken_files(tmp_path):
+    rows = [{"method": m, "task": t, "speedup": s, "tau": 1 + s} for m, s in (("gumiho", 1.5), ("eagle2", 1.3))
+            for t in ("mt_bench", "gsm8k")]
+    (tmp_path / "results.json").write_text(json.dumps({"machine": "2-core EPYC", "rows": rows}))
+    (tmp_path / "results.csv").write_text("ignored,because\n1,2\n")  # the JSON with the same name wins
+    (tmp_path / "per_position.csv").write_text("depth,rate\n1,0.5\n2,0.3\n")
+    (tmp_path / "broken.json").write_text("{not json")
+    results = read_results(tmp_path)
+    titles = [t.title for t in results.tables]
+    assert titles == ["results › rows", "per_position"]
+    assert any("2-core EPYC" in note for note in results.notes)
+    assert any("broken.json" in note for note in results.notes)
+    assert chart_columns(results.tables[0].table) == ("task", "method", ["speedup", "tau"])
+    assert chart_columns(results.tables[1].table) is None
+    fig = figures.grouped_bar_figure(rows, "task", "speedup", "method", "speed-up")
+    assert [t.name for t in fig.data] == ["gumiho", "eagle2"]
+
+
+def test_bench_reader_without_results(tmp_path):
+    assert read_results(tmp_path / "missing").tables == []
+
+
+def test_read_trace_explains_bad_files(tmp_path):
+    cases = {"binary.json": b"\xff\xfe\x00junk", "text.json": b"hello", "schema.json": b'{"schema": 99}',
+             "list.json": b"[1, 2]", "fields.json": b'{"schema": 1, "method": "gumiho"}'}
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(TraceError) as err:
+            read_trace(path)
+        assert str(err.value)
+    good = tmp_path / "good.json"
+    good.write_text(gumiho_trace().to_json())
+    assert read_trace(good).token_ids == gumiho_trace().token_ids
+
+
+def test_shipped_examples_are_valid_races_of_all_three_methods():
+    examples = load_examples()
+    assert examples, "assets/traces/ holds no examples: run python -m app.record_examples"
+    for example in examples:
+        assert [t.method for t in example.traces] == list(RACE_ORDER)
+        assert len({t.prompt for t in example.traces}) == 1
+        assert all(t.steps and t.finish_reason in ("eos", "length") for t in example.traces)
+        assert example.trace("ar").tau == 1.0
+        tree = example.trace("gumiho").steps[0]
+        assert tree.tree_size > 1 and {n.source for n in tree.nodes} >= {"root", "serial-1", "serial-2"}
+
+
+def test_lesson_has_its_figures_in_order():
+    parts = lesson_parts()
+    assert [name for _, name in parts] == ["gumiho-tree", "eagle-tree", "calculator", "timing"]
+    assert all(text for text, _ in parts)
+    assert r"\sum_{k=1}^{K} \prod_{i \le k} p_i" in parts[2][0]
+
+
+# ---------------------------------------------------------------------------------------------- service
+
+
+def test_run_settings_validate_into_engine_configs():
+    config = RunSettings(max_new_tokens=12, total_tokens=16, fta=True).config("gumiho")
+    assert config.tree.total_tokens == 16 and config.tree.fta and config.max_new_tokens == 12
+    assert RunSettings(fta=True).config("eagle2").tree.fta is False  # FTA belongs to Gumiho's tree
+    assert RunSettings().config("ar").tree is None
+    for bad, method in [(RunSettings(max_new_tokens=0), "gumiho"), (RunSettings(max_new_tokens=10**6), "ar"),
+                        (RunSettings(temperature=-1), "ar"), (RunSettings(total_tokens=500), "gumiho"),
+                        (RunSettings(), "medusa")]:
+        with pytest.raises(GumihoError):
+            bad.config(method)
+
+
+def test_race_settings_match_the_verification_budget():
+    configs = {m: s.config(m) for m, s in race_settings(RunSettings(top_k=3, total_tokens=20)).items()}
+    assert list(configs) == list(RACE_ORDER)
+    assert configs["eagle2"].tree.total_tokens == configs["gumiho"].tree.total_tokens == 20
+    assert configs["eagle2"].tree.top_k == configs["gumiho"].tree.top_k == 3
+    assert configs["ar"].tree is None
+
+
+def test_throttle_keeps_the_first_and_last_items():
+    assert list(throttle(range(5), 0)) == [0, 1, 2, 3, 4]
+    assert list(throttle(range(5), 3600)) == [0, 4]
+    assert list(throttle([], 1)) == []
+
+
+def test_sessions_stop_only_their_own_run():
+    sessions = Sessions()
+    with sessions.control("a") as a, sessions.control("b") as b:
+        assert sessions.stop("a")
+        assert a.stopped and not b.stopped
+    assert not sessions.stop("a")
+
+
+def test_token_labels_show_whitespace():
+    assert token_label(" hi") == "␣hi" and token_label("\n") == "⏎" and token_label("") == "∅"
+    assert len(token_label("x" * 40)) == 10
