@@ -42,11 +42,21 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
+def total_tokens(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     tree = parser.add_argument_group("draft tree (defaults depend on method and device)")
     tree.add_argument("--tree-top-k", type=int, help="candidates per expanded node")
     tree.add_argument("--depth", type=int, help="EAGLE-2: expansion steps; Gumiho: draft depth minus 1")
-    tree.add_argument("--total-tokens", type=int, help="nodes verified per cycle, root included")
+    tree.add_argument("--total-tokens", type=total_tokens, help="nodes verified per cycle, root included, or "
+                      "'auto': measured on this device (and top-k with it, unless --tree-top-k is given; cached)")
     tree.add_argument("--mlptopk", type=int, help="Gumiho: candidates per MLP head and branch")
     tree.add_argument("--pruning", type=int, help="Gumiho: nodes kept per MLP depth")
     tree.add_argument("--fta", action=argparse.BooleanOptionalAction, default=None,
@@ -63,7 +73,8 @@ def tree_settings(args: argparse.Namespace, method: str, device_type: str):
     if method == "ar":
         return None
     overrides = {
-        "top_k": args.tree_top_k, "depth": args.depth, "total_tokens": args.total_tokens,
+        "top_k": args.tree_top_k, "depth": args.depth,
+        "total_tokens": None if args.total_tokens == "auto" else args.total_tokens,
         "mlptopk": args.mlptopk, "pruning": args.pruning, "fta": args.fta,
         "mlp_parent_align": args.mlp_parent_align, "serial_tree_mask": args.serial_tree_mask,
     }
@@ -88,6 +99,12 @@ def generate_main(args: argparse.Namespace) -> int:
     drafters = {} if args.method == "ar" else {args.method: args.drafter}
     engine = build_engine(args.model, drafters, device=args.device, threads=args.threads, seed=args.seed)
     tree = tree_settings(args, args.method, engine.target.device.type)
+    if tree is not None and args.total_tokens == "auto":
+        from .bench.tree_size import TOP_KS, cached_auto_tree
+
+        top_ks = (args.tree_top_k,) if args.tree_top_k else TOP_KS
+        tree = cached_auto_tree(engine, args.method, tree, top_ks).settings
+        print(f"[auto tree] top_k {tree.top_k}, total_tokens {tree.total_tokens}", file=sys.stderr)
     config = replace(base, tree=tree)
     for prompt in prompts:
         trace = engine.generate(prompt, args.method, config)

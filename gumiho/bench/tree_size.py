@@ -4,13 +4,16 @@ EAGLE's rule (spec §8.1) times target forwards of n tokens and divides by *assu
 measured:
 
   cost curve   T(n): one verification step (target forward over n tree tokens with a tree mask on top of a
-               realistic KV cache, plus the lm_head over the n rows and the argmax), median ms per n;
+               realistic KV cache, plus the lm_head over the n rows and the argmax), the lower quartile of a
+               few interleaved repeats per n;
   acceptance   a calibration run with the largest tree for each candidate top_k records, per cycle, the score
                ranks of the accepted nodes. The tree of total_tokens = n is exactly the best n - 1 nodes of that
                pool (`tree.build_tree`), so the accepted length it would have given is the number of leading
                accepted nodes whose running maximum rank is below n - 1 (exact for greedy decoding without FTA,
                given the same context). tau(n, k) = 1 + mean of that length;
-  draft cost   D(k): median draft ms per cycle of the calibration run, plus its median other ms O(k).
+  draft cost   D(k): lower quartile of the draft ms per cycle of the calibration run; O(k) the same for other ms.
+
+Other jobs on a shared machine only ever add time, so every timing is summarised by its lower quartile.
 
 expected tokens/s(n, k) = 1000 * tau(n, k) / (D(k) + T(n) + O(k)); the best pair wins. The calibration prompts
 are generic and not taken from the benchmark sets, so the choice is not tuned on the evaluation data.
@@ -19,7 +22,6 @@ are generic and not taken from the benchmark sets, so the choice is not tuned on
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,7 +48,7 @@ CALIBRATION_PROMPTS = (
 
 @dataclass
 class CostCurve:
-    """Median ms of one verification step per tree size n, measured on `device` with `threads` threads."""
+    """Ms of one verification step per tree size n (lower quartile), measured on `device` with `threads` threads."""
 
     device: str
     threads: int
@@ -98,7 +100,12 @@ def measure_cost_curve(target: Target, sizes: tuple[int, ...] = (1,) + SIZES, kv
             times[n].append((time.perf_counter() - start) * 1e3)
         cache.crop(-n)
     return CostCurve(device=str(target.device), threads=torch.get_num_threads(), kv_length=kv_length,
-                     sizes=list(sizes), ms=[statistics.median(times[n]) for n in sizes])
+                     sizes=list(sizes), ms=[low(times[n]) for n in sizes])
+
+
+def low(values: list[float]) -> float:
+    """The lower quartile (the smallest value for fewer than four)."""
+    return sorted(values)[len(values) // 4]
 
 
 def accepted_prefix_ranks(cycle: CycleTrace) -> list[int]:
@@ -144,8 +151,8 @@ def calibrate(engine: Engine, method: str, settings: TreeSettings, prompts: tupl
     return Calibration(
         settings=settings,
         prefix_ranks=[accepted_prefix_ranks(c) for c in cycles],
-        draft_ms=statistics.median(c.draft_ms for c in cycles),
-        other_ms=statistics.median(c.other_ms for c in cycles),
+        draft_ms=low([c.draft_ms for c in cycles]),
+        other_ms=low([c.other_ms for c in cycles]),
     )
 
 
@@ -229,16 +236,18 @@ def auto_tree(engine: Engine, method: str, base: TreeSettings, cost: CostCurve |
                       candidates=candidates, cost=cost)
 
 
-def cached_auto_tree(engine: Engine, method: str, base: TreeSettings, progress: bool = True) -> TreeChoice:
-    """`auto_tree`, remembered per model, drafter, device, thread count and base shape in the user cache."""
+def cached_auto_tree(engine: Engine, method: str, base: TreeSettings, top_ks: tuple[int, ...] = TOP_KS,
+                     progress: bool = True) -> TreeChoice:
+    """`auto_tree`, remembered per model, drafter, device, thread count, base shape and top_k candidates in
+    `$GUMIHO_CACHE/auto_tree.json`."""
     path = cache_root() / "auto_tree.json"
     base_key = {k: v for k, v in base.to_dict().items() if k not in ("top_k", "total_tokens")}
     key = json.dumps([engine.target.name, engine.drafter_names.get(method, ""), str(engine.target.device),
-                      torch.get_num_threads(), method, base_key], sort_keys=True)
+                      torch.get_num_threads(), method, base_key, list(top_ks)], sort_keys=True)
     store = _read_store(path)
     if key in store:
         return TreeChoice.from_dict(store[key])
-    choice = auto_tree(engine, method, base, progress=progress)
+    choice = auto_tree(engine, method, base, top_ks=top_ks, progress=progress)
     store[key] = choice.to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(store, indent=1))

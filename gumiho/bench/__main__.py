@@ -1,0 +1,186 @@
+"""`python -m gumiho bench` (or `python -m gumiho.bench`): τ and speed-up of EAGLE-2 and Gumiho over AR decoding.
+
+Quick mode (a few prompts per task, 128 new tokens, T = 0; under 20 minutes on the 2-core CPU):
+    python -m gumiho bench --quick
+Full run (80 prompts per task, 256 new tokens, T = 0 and 1):
+    python -m gumiho bench --temperatures 0 1 --name cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import GumihoError
+from .datasets import DATASETS, DEFAULT_DIR
+from .harness import VARIANTS, BenchSettings, make_variants
+
+RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
+QUICK = {"limit": 5, "max_new_tokens": 128}
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..__main__ import OneLineParser, total_tokens
+
+    p = OneLineParser(prog="python -m gumiho bench", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", nargs="+", default=list(VARIANTS), help=f"any of {' '.join(VARIANTS)}")
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS),
+                   help=f"names in --data ({' '.join(DATASETS)}) or paths to .jsonl files")
+    p.add_argument("--data", type=Path, default=DEFAULT_DIR, help="folder of the benchmark .jsonl files")
+    p.add_argument("--limit", type=positive, help="prompts per dataset (default: all; 5 with --quick)")
+    p.add_argument("--max-new-tokens", type=positive, help="default 256 (128 with --quick)")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], help="e.g. 0 1")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="sampling seeds (T > 0 runs once per seed)")
+    p.add_argument("--both-turns", action="store_true", help="MT-Bench: also the second turn (after AR's answer)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up rounds of every method on the first prompt")
+    p.add_argument("--total-tokens", type=total_tokens,
+                   help="tree budget for EAGLE-2 and Gumiho alike, or 'auto' (chosen per method on this device); "
+                        "default: the device default (matched on CPU)")
+    p.add_argument("--tree-top-k", type=positive, help="top_k for both drafters (with 'auto': the only one tried)")
+    p.add_argument("--quick", action="store_true", help="5 prompts per task, 128 new tokens (unless given)")
+    p.add_argument("--model", help="target model (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--eagle2-drafter", help="EAGLE-2 drafter folder (default: the shipped one)")
+    p.add_argument("--gumiho-drafter", help="Gumiho drafter folder (default: the shipped one)")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--threads", type=positive, help="torch threads, the same for every method (default: all cores)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: assets/bench)")
+    p.add_argument("--name", help="results file stem (default: <device>[-quick])")
+    p.add_argument("--cost-repeats", type=positive, default=5, help="timed repeats per size of the cost curve")
+    p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the per-cycle profile")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    return p
+
+
+def choose_trees(engine, args, cost) -> tuple[dict, dict]:
+    """The tree per drafter method (matched unless 'auto') and the automatic choices made, if any."""
+    from ..tree import TreeSettings
+    from .tree_size import TOP_KS, auto_tree
+
+    device = engine.target.device.type
+    trees = {m: TreeSettings.default(m, device) for m in ("eagle2", "gumiho")}
+    if args.total_tokens == "auto":
+        top_ks = (args.tree_top_k,) if args.tree_top_k else TOP_KS
+        choices = {m: auto_tree(engine, m, trees[m], cost=cost, top_ks=top_ks, progress=args.progress)
+                   for m in trees if m in engine.drafters}
+        return {**trees, **{m: c.settings for m, c in choices.items()}}, {m: c.to_dict() for m, c in choices.items()}
+    overrides = {k: v for k, v in (("total_tokens", args.total_tokens), ("top_k", args.tree_top_k)) if v is not None}
+    return {m: replace(t, **overrides) for m, t in trees.items()}, {}
+
+
+def bench_settings(args: argparse.Namespace) -> BenchSettings:
+    """Validate the arguments (before any model loads) and apply --quick's defaults."""
+    from .datasets import load_questions
+
+    if args.quick:
+        args.limit = args.limit or QUICK["limit"]
+        args.max_new_tokens = args.max_new_tokens or QUICK["max_new_tokens"]
+    if any(t < 0 for t in args.temperatures):
+        raise GumihoError("temperatures must be >= 0")
+    if isinstance(args.total_tokens, int) and args.total_tokens < 1:
+        raise GumihoError("--total-tokens must be >= 1 or 'auto'")
+    if args.warmup < 0:
+        raise GumihoError("--warmup must be >= 0")
+    unknown = [m for m in args.methods if m not in VARIANTS]
+    if unknown:
+        raise GumihoError(f"unknown method {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    settings = BenchSettings(datasets=args.datasets, data_dir=args.data, limit=args.limit,
+                             max_new_tokens=args.max_new_tokens or 256, temperatures=tuple(args.temperatures),
+                             seeds=tuple(args.seeds), warmup=args.warmup, both_turns=args.both_turns)
+    for name in settings.datasets:
+        load_questions(name, settings.data_dir, 1)
+    return settings
+
+
+def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSettings) -> dict[str, Path]:
+    """Cost curve, tree choice, the interleaved runs, the profile; writes the results and returns their paths."""
+    from dataclasses import asdict
+
+    import pandas as pd
+    import torch
+
+    from .datasets import load_questions
+    from .harness import run_bench
+    from .machine import LoadMonitor, describe
+    from .metrics import TAU_DEFINITION, add_speedups, summarize
+    from .metrics import __doc__ as metric_doc
+    from .breakdown import profile
+    from .report import speed_table, write
+    from .tree_size import measure_cost_curve
+
+    started, target = time.perf_counter(), engine.target
+    print(TAU_DEFINITION, file=sys.stderr)
+    with LoadMonitor() as load:
+        cost = measure_cost_curve(target, repeats=args.cost_repeats, progress=args.progress)
+        trees, auto = choose_trees(engine, args, cost)
+        variants = make_variants(args.methods, trees)
+        per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress))
+        first = load_questions(settings.datasets[0], settings.data_dir, 1)[0].turns[0]
+        prof = profile(engine, variants, first, settings.max_new_tokens) if args.profile else pd.DataFrame()
+    summary = summarize(per_prompt)
+    result = {
+        "name": args.name or f"{target.device.type}{'-quick' if args.quick else ''}",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m gumiho bench " + shlex.join(argv),
+        "duration_s": round(time.perf_counter() - started, 1),
+        "machine": describe(target.device, target.dtype),
+        "load": load.summary(torch.get_num_threads()),
+        "model": target.name,
+        "drafters": dict(engine.drafter_names),
+        "settings": settings.to_dict(),
+        "variants": [v.to_dict() for v in variants],
+        "definitions": {"tau": TAU_DEFINITION, "speedup": "speed-up: per prompt, tokens/s over AR's tokens/s on "
+                        "the same prompt in the same run (methods interleaved), then averaged",
+                        "metrics": metric_doc},
+        "cost_curve": asdict(cost),
+        "auto_tree": auto,
+    }
+    paths = write(args.out, result, per_prompt, summary, prof)
+    for temperature in settings.temperatures:
+        print(f"\nT = {temperature:g}\n{speed_table(summary, temperature)}")
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())} in {result['duration_s'] / 60:.1f} min "
+          f"({result['load']['description']})", file=sys.stderr)
+    return paths
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from ..__main__ import _quiet_libraries
+    from ..loader import build_engine
+
+    settings = bench_settings(args)
+    _quiet_libraries()
+    drafter_methods = sorted({v.split("+")[0] for v in args.methods} - {"ar"})
+    folders = {"eagle2": args.eagle2_drafter, "gumiho": args.gumiho_drafter}
+    engine = build_engine(args.model, {m: folders[m] for m in drafter_methods}, device=args.device,
+                          threads=args.threads)
+    execute(engine, args, argv, settings)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args, argv)
+    except GumihoError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

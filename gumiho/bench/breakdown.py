@@ -1,0 +1,100 @@
+"""Where a cycle's time goes, per method: the draft / verify / other split and the parts inside draft and verify.
+
+The drafter's and the target's components are timed by temporarily shadowing their methods on the instances
+(restored afterwards), so the engine runs unchanged. The first cycle is dropped (it follows the prefill).
+
+  draft_transformer   the draft decoder layers (every serial step / expansion)
+  draft_fc            fusing token embeddings with features (fc 2H -> H)
+  draft_lm_head       the draft's full-vocabulary head + log-softmax + top-k (`top_tokens`); draft_lm_head_rows
+                      counts the rows it evaluated per cycle
+  draft_mlp_heads     Gumiho's parallel MLP heads
+  draft_rest          everything else in draft: beam bookkeeping, the pool, `build_tree`, FTA, Python
+  verify_target       the target forward over the tree
+  verify_lm_head      the target's lm_head over the tree's rows
+  verify_rest         acceptance (argmax walk or rejection sampling)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+import pandas as pd
+
+from ..engine import Engine, GenerationConfig, _sync
+from ..sampling import SamplingConfig
+from .harness import Variant
+
+
+def _components(engine: Engine, method: str) -> dict[str, tuple[object, str]]:
+    parts: dict[str, tuple[object, str]] = {"verify_target": (engine.target, "features"),
+                                            "verify_lm_head": (engine.target, "logits")}
+    drafter = engine.drafters.get(method)
+    if drafter is not None:
+        parts.update(draft_transformer=(drafter.transformer, "forward"), draft_fc=(drafter.transformer, "fuse"),
+                     draft_lm_head=(drafter, "top_tokens"))
+        if hasattr(drafter, "heads"):
+            parts["draft_mlp_heads"] = (drafter.heads, "forward")
+    return parts
+
+
+@contextmanager
+def instrumented(engine: Engine, method: str) -> Iterator[dict[str, float]]:
+    """Accumulate ms per component (and `draft_lm_head_rows`) while the context is open."""
+    totals: dict[str, float] = defaultdict(float)
+    parts = _components(engine, method)
+    device = engine.target.device
+
+    def timed(part: str, function):
+        def wrapper(*args, **kwargs):
+            _sync(device)
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _sync(device)
+                totals[part] += (time.perf_counter() - start) * 1e3
+                if part == "draft_lm_head":
+                    totals["draft_lm_head_rows"] += args[0].shape[:-1].numel()
+        return wrapper
+
+    for part, (owner, name) in parts.items():
+        setattr(owner, name, timed(part, getattr(owner, name)))
+    try:
+        yield totals
+    finally:
+        for owner, name in parts.values():
+            delattr(owner, name)  # the instance attribute goes; the class's method shows through again
+
+
+def profile_variant(engine: Engine, variant: Variant, prompt: str, max_new_tokens: int) -> dict:
+    """Mean ms per cycle of each part, over one greedy generation (first cycle excluded)."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=0.0),
+                              trace=False, tree=variant.tree)
+    run = engine.run(prompt, variant.method, config)
+    rows = []
+    with instrumented(engine, variant.method) as totals:
+        before: dict[str, float] = {}
+        for cycle in run:
+            now = dict(totals)
+            part_ms = {k: v - before.get(k, 0.0) for k, v in now.items()}
+            before = now
+            rows.append({"tree_size": cycle.tree_size, "tokens": len(cycle.emitted), "draft_ms": cycle.draft_ms,
+                         "verify_ms": cycle.verify_ms, "other_ms": cycle.other_ms, **part_ms})
+    frame = pd.DataFrame(rows[1:] or rows).fillna(0.0)
+    for part in ("draft_transformer", "draft_fc", "draft_lm_head", "draft_lm_head_rows", "draft_mlp_heads",
+                 "verify_target", "verify_lm_head"):
+        if part not in frame:
+            frame[part] = 0.0
+    frame["draft_rest"] = frame["draft_ms"] - frame[["draft_transformer", "draft_fc", "draft_lm_head",
+                                                     "draft_mlp_heads"]].sum(axis=1)
+    frame["verify_rest"] = frame["verify_ms"] - frame["verify_target"] - frame["verify_lm_head"]
+    frame["cycle_ms"] = frame[["draft_ms", "verify_ms", "other_ms"]].sum(axis=1)
+    means = frame.mean().to_dict()
+    return {"method": variant.name, "cycles": len(frame), "tau_cycle": means.pop("tokens"), **means}
+
+
+def profile(engine: Engine, variants: list[Variant], prompt: str, max_new_tokens: int) -> pd.DataFrame:
+    return pd.DataFrame([profile_variant(engine, v, prompt, max_new_tokens) for v in variants])

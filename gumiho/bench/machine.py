@@ -1,0 +1,86 @@
+"""Describe the machine a benchmark ran on, and how busy it was meanwhile (shared machines skew timings)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def describe(device: torch.device, dtype: torch.dtype) -> dict:
+    cores = os.cpu_count() or 0
+    threads = torch.get_num_threads()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        description = f"{name} (GPU), {str(dtype).removeprefix('torch.')}"
+    else:
+        name = _cpu_name()
+        description = f"{name}, {cores} cores, {threads} torch threads, {str(dtype).removeprefix('torch.')}"
+    return {"description": description, "device": device.type, "device_name": name, "cpu": _cpu_name(),
+            "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+class LoadMonitor:
+    """Samples the 1-minute load average every `every` seconds and this process's CPU time over the run."""
+
+    def __init__(self, every: float = 5.0):
+        self.every, self.samples = every, [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        self.wall_s = time.perf_counter() - self._wall
+        self.cpu_s = time.process_time() - self._cpu
+
+    def summary(self, threads: int) -> dict:
+        cores = os.cpu_count() or 1
+        share = self.cpu_s / (self.wall_s * threads) if self.wall_s > 0 else 0.0
+        mean, peak = statistics.mean(self.samples), max(self.samples)
+        return {
+            "loadavg_mean": round(mean, 2), "loadavg_max": round(peak, 2), "cores": cores,
+            "own_cpu_share": round(share, 3),
+            "description": (f"1-min load average {mean:.1f} mean / {peak:.1f} max on {cores} cores (this run "
+                            f"itself adds up to {threads}); this process got {share:.0%} of its {threads} "
+                            f"threads' CPU time" + ("" if mean <= cores else ": the machine was oversubscribed, "
+                                                                             "absolute timings are skewed")),
+        }

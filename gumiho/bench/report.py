@@ -1,0 +1,133 @@
+"""Write a benchmark's results: `<name>.json` (everything), CSV tables and a Markdown report.
+
+Files in the results folder (default `assets/bench/`), all named after the run (`--name`, e.g. `cpu-quick`):
+
+  <name>.json              schema 1: {"schema", "name", "created", "command", "duration_s", "machine", "load",
+                           "model", "drafters", "settings", "variants", "definitions", "summary", "cost_curve",
+                           "auto_tree", "profile", "files"}; "summary" / "profile" are lists of the rows of the CSVs
+                           below; "cost_curve" is {"device", "threads", "kv_length", "sizes", "ms"}; "auto_tree"
+                           maps a method to {"method", "settings", "candidates", "cost_curve"} (empty when the
+                           tree size was not chosen automatically)
+  <name>.summary.csv       one row per (temperature, method, dataset), dataset "mean" = mean of the dataset rows:
+                           prompts, tau, speedup, tokens_per_s, new_tokens, same_as_ar, agreement, total_tokens,
+                           top_k, prefill/draft/verify/other_share, fta_cycle_share, accept_1..7, chain_1..7
+  <name>.per_prompt.csv    one row per (dataset, question_id, turn, temperature, seed, method): new_tokens, cycles,
+                           tau, wall_s, tokens_per_s, speedup, prefill/draft/verify/other_ms (summed over cycles),
+                           top_k, total_tokens, fta, fta_cycles, finish_reason, same_as_ar, agreement, and the
+                           acceptance counts reach_d / open_d / hit_d (d = 1..7; see metrics.acceptance_counts)
+  <name>.profile.csv       mean ms per cycle of each part, per method (see gumiho/bench/breakdown.py)
+  <name>.md                the Markdown tables (speed-up and tau per task, acceptance, FTA, time split, profile,
+                           cost curve, automatic tree sizes)
+
+Column meanings: `gumiho/bench/metrics.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .metrics import DEPTHS
+
+TITLES = {"mt_bench": "MT-Bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca", "sum": "CNN/DM",
+          "qa": "Natural Qs", "mean": "Mean"}
+NAMES = {"ar": "AR (baseline)", "eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA"}
+SCHEMA_VERSION = 1
+
+
+def _md(frame: pd.DataFrame) -> str:
+    """A pipe table (no extra dependency): header, separator, rows."""
+    cells = [[str(c) for c in frame.columns]] + [[str(v) for v in row] for row in frame.itertuples(index=False)]
+    lines = ["| " + " | ".join(row) + " |" for row in cells]
+    lines.insert(1, "|" + "---|" * len(frame.columns))
+    return "\n".join(lines)
+
+
+def speed_table(summary: pd.DataFrame, temperature: float) -> str:
+    """Rows: methods (AR excluded); columns: speed-up and tau for each task, and the mean."""
+    rows = summary[(summary["temperature"] == temperature) & (summary["method"] != "ar")]
+    datasets = list(dict.fromkeys(rows["dataset"]))
+    table = []
+    for method, group in rows.groupby("method", sort=False):
+        by = group.set_index("dataset")
+        line = {"Method": NAMES.get(method, method)}
+        for d in datasets:
+            title = TITLES.get(d, d)
+            line[f"{title} speed-up"] = f"{by.at[d, 'speedup']:.2f}x"
+            line[f"{title} τ"] = f"{by.at[d, 'tau']:.2f}"
+        table.append(line)
+    return _md(pd.DataFrame(table))
+
+
+def _fmt(frame: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    return frame.map(lambda v: f"{v:.{digits}f}" if isinstance(v, float) else v)
+
+
+def detail_tables(summary: pd.DataFrame, temperature: float) -> dict[str, pd.DataFrame]:
+    """Mean-over-tasks tables for one temperature: throughput, time split, acceptance, FTA/equality."""
+    mean = summary[(summary["temperature"] == temperature) & (summary["dataset"] == "mean")].copy()
+    mean["method"] = mean["method"].map(lambda m: NAMES.get(m, m))
+    mean = mean.set_index("method")
+    return {
+        "throughput and time split (mean over tasks)": _fmt(mean[[
+            "tokens_per_s", "speedup", "tau", "total_tokens", "top_k", "prefill_share", "draft_share",
+            "verify_share", "other_share"]].reset_index()),
+        "per-position acceptance accept_d (mean over tasks)": _fmt(
+            mean[[f"accept_{d}" for d in range(1, DEPTHS + 1)]].drop(index=NAMES["ar"], errors="ignore").reset_index()),
+        "chain accuracy chain_d (mean over tasks)": _fmt(
+            mean[[f"chain_{d}" for d in range(1, DEPTHS + 1)]].drop(index=NAMES["ar"], errors="ignore").reset_index()),
+        "equality with AR (T = 0) and FTA use": _fmt(
+            mean[["same_as_ar", "agreement", "fta_cycle_share"]].drop(index=NAMES["ar"], errors="ignore").reset_index()),
+    }
+
+
+def markdown(result: dict, summary: pd.DataFrame, profile: pd.DataFrame) -> str:
+    m = result["machine"]
+    parts = [
+        f"# Benchmark `{result['name']}`",
+        f"{m['description']}; {result['settings']['max_new_tokens']} new tokens, "
+        f"{result['settings']['limit'] or 'all'} prompts per task; load: {result['load']['description']}; "
+        f"took {result['duration_s'] / 60:.1f} min.",
+        f"Command: `{result['command']}`",
+        result["definitions"]["tau"] + ". " + result["definitions"]["speedup"],
+    ]
+    for temperature in sorted(summary["temperature"].unique()):
+        parts += [f"## T = {temperature:g}: speed-up over AR and τ", speed_table(summary, temperature)]
+        parts += [f"### {title}\n\n{_md(t)}" for title, t in detail_tables(summary, temperature).items()]
+    if not profile.empty:
+        cols = ["method", "tree_size", "tau_cycle", "cycle_ms", "draft_ms", "verify_ms", "other_ms",
+                "draft_transformer", "draft_fc", "draft_lm_head", "draft_lm_head_rows", "draft_mlp_heads",
+                "draft_rest", "verify_target", "verify_lm_head", "verify_rest"]
+        parts += ["## One cycle, per method (ms, mean over a greedy generation)", _md(_fmt(profile[cols], 1))]
+    cost = result["cost_curve"]
+    curve = pd.DataFrame({"tree tokens n": cost["sizes"], "T(n) ms": cost["ms"],
+                          "x one decode step": [t / cost["ms"][0] for t in cost["ms"]]})
+    parts += [f"## Verification cost curve ({cost['device']}, {cost['threads']} threads, "
+              f"KV length {cost['kv_length']})", _md(_fmt(curve))]
+    for method, choice in result["auto_tree"].items():
+        top = pd.DataFrame(choice["candidates"]).head(8)
+        s = choice["settings"]
+        parts += [f"## Automatic tree size, {NAMES.get(method, method)}: top_k {s['top_k']}, "
+                  f"total_tokens {s['total_tokens']} (best predicted candidates)", _md(_fmt(top))]
+    return "\n\n".join(parts) + "\n"
+
+
+def write(folder: Path, result: dict, per_prompt: pd.DataFrame, summary: pd.DataFrame,
+          profile: pd.DataFrame) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    name = result["name"]
+    paths = {"json": folder / f"{name}.json", "summary": folder / f"{name}.summary.csv",
+             "per_prompt": folder / f"{name}.per_prompt.csv", "profile": folder / f"{name}.profile.csv",
+             "markdown": folder / f"{name}.md"}
+    result = {**result, "schema": SCHEMA_VERSION,
+              "summary": json.loads(summary.to_json(orient="records")),
+              "profile": json.loads(profile.to_json(orient="records")),
+              "files": {k: p.name for k, p in paths.items() if k != "json"}}
+    paths["json"].write_text(json.dumps(result, indent=1) + "\n")
+    summary.to_csv(paths["summary"], index=False)
+    per_prompt.to_csv(paths["per_prompt"], index=False)
+    profile.to_csv(paths["profile"], index=False)
+    paths["markdown"].write_text(markdown(result, summary, profile))
+    return paths

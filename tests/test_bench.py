@@ -1,0 +1,233 @@
+"""Benchmark harness: metrics on synthetic traces, the automatic tree size, a tiny end-to-end run, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gumiho.bench.__main__ import bench_settings, build_parser, execute
+from gumiho.bench.__main__ import main as bench_main
+from gumiho.bench.metrics import acceptance_counts, add_speedups, prefix_agreement, prompt_row, summarize
+from gumiho.bench.tree_size import (
+    Calibration, CostCurve, accepted_prefix_ranks, auto_tree, calibrate, expected_tau, rank_candidates,
+)
+from gumiho.engine import GenerationConfig
+from gumiho.sampling import SamplingConfig
+from gumiho.trace import CycleTrace, GenerationTrace, TraceNode
+from gumiho.tree import TreeSettings
+
+from .conftest import tiny_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cycle(accepted: int, depth: int, nodes: list[TraceNode] | None = None, path: list[int] | None = None,
+          fta: bool = False) -> CycleTrace:
+    path = path or list(range(accepted + 1))
+    return CycleTrace(index=0, accepted_nodes=path, accepted_tokens=[7] * accepted, bonus_token=1,
+                      emitted=[7] * (accepted + 1), draft_ms=2.0, verify_ms=5.0, other_ms=1.0, tree_depth=depth,
+                      fta_used=fta, nodes=nodes or [])
+
+
+def trace(new_tokens: int, cycles: int, wall_s: float, token_ids: list[int] | None = None) -> GenerationTrace:
+    return GenerationTrace(method="gumiho", model="m", prompt="p", prompt_tokens=3,
+                           settings={"tree": {"top_k": 4, "total_tokens": 24}, "fta_applied": False},
+                           token_ids=token_ids or list(range(new_tokens)), cycles=cycles, wall_s=wall_s,
+                           prefill_ms=10.0, finish_reason="length")
+
+
+# --- metrics ---------------------------------------------------------------------------------------------------------
+
+def test_tau_counts_tokens_per_verification_forward_bonus_included():
+    assert trace(new_tokens=10, cycles=3, wall_s=1.0).tau == 3.0
+    assert trace(new_tokens=5, cycles=4, wall_s=1.0).tau == 1.0  # AR: one token per forward
+
+
+def test_per_position_acceptance_and_chain_accuracy():
+    # (accepted, tree depth): hits at d=1: 3 of 4 trees; d=2: 2 of 4; d=3: 1 of the 3 trees that reach depth 3.
+    counts = acceptance_counts([cycle(2, 3), cycle(0, 3), cycle(3, 3), cycle(1, 2)], depths=4)
+    assert [counts[f"reach_{d}"] for d in range(1, 5)] == [4, 4, 3, 0]
+    assert [counts[f"hit_{d}"] for d in range(1, 5)] == [3, 2, 1, 0]
+    # chain_d's denominator: trees reaching d whose first d - 1 drafts were accepted.
+    assert [counts[f"open_{d}"] for d in range(1, 5)] == [4, 3, 2, 0]
+    row = {"dataset": "x", "question_id": "1", "turn": 1, "temperature": 0.0, "seed": 0, "method": "gumiho",
+           **prompt_row(trace(9, 4, 1.0), [cycle(2, 3), cycle(0, 3), cycle(3, 3), cycle(1, 2)], None)}
+    ar = {**row, "method": "ar"}
+    summary = summarize(pd.DataFrame([row, ar]))
+    got = summary[(summary["method"] == "gumiho") & (summary["dataset"] == "x")].iloc[0]
+    assert (got["accept_1"], got["accept_2"], got["accept_3"]) == (0.75, 0.5, pytest.approx(1 / 3))
+    assert (got["chain_1"], got["chain_2"], got["chain_3"]) == (0.75, pytest.approx(2 / 3), 0.5)
+    assert math.isnan(got["accept_7"])  # no tree reached depth 7
+    # Time shares: prefill 10 ms + 4 cycles x (2 + 5 + 1) ms.
+    assert got["draft_share"] == pytest.approx(8 / 42) and got["prefill_share"] == pytest.approx(10 / 42)
+
+
+def test_equality_with_ar():
+    assert prefix_agreement([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert prefix_agreement([1, 2, 9, 4], [1, 2, 3, 4]) == 0.5
+    assert prefix_agreement([1, 2], [1, 2, 3, 4]) == 0.5
+    assert prefix_agreement([], []) == 1.0
+    ar = trace(4, 4, 1.0, [1, 2, 3, 4])
+    assert prompt_row(trace(4, 2, 1.0, [1, 2, 3, 4]), [], ar)["same_as_ar"] is True
+    row = prompt_row(trace(4, 2, 1.0, [1, 2, 9, 4]), [], ar)
+    assert row["same_as_ar"] is False and row["agreement"] == 0.5
+
+
+def test_speedup_is_the_mean_of_per_prompt_ratios_and_mean_row_averages_datasets():
+    rows = []
+    for dataset, question, ar_tps, g_tps, tau in [("a", "1", 10, 20, 3.0), ("a", "2", 20, 30, 2.0),
+                                                   ("b", "1", 10, 40, 4.0)]:
+        key = {"dataset": dataset, "question_id": question, "turn": 1, "temperature": 0.0, "seed": 0}
+        for method, tps, t in (("ar", ar_tps, 1.0), ("gumiho", g_tps, tau)):
+            rows.append({**key, "method": method, **prompt_row(trace(10, 3, 10 / tps), [], None), "tau": t})
+    per_prompt = add_speedups(pd.DataFrame(rows))
+    assert per_prompt.loc[per_prompt["method"] == "gumiho", "speedup"].tolist() == pytest.approx([2.0, 1.5, 4.0])
+    summary = summarize(pd.DataFrame(rows)).set_index(["method", "dataset"])
+    assert summary.at[("gumiho", "a"), "speedup"] == pytest.approx(1.75)  # not 50/30, the ratio of the means
+    assert summary.at[("gumiho", "b"), "speedup"] == pytest.approx(4.0)
+    assert summary.at[("gumiho", "mean"), "speedup"] == pytest.approx((1.75 + 4.0) / 2)
+    assert summary.at[("gumiho", "mean"), "tau"] == pytest.approx((2.5 + 4.0) / 2)
+    assert summary.at[("ar", "mean"), "speedup"] == 1.0 and summary.at[("gumiho", "mean"), "prompts"] == 3
+
+
+# --- automatic tree size ---------------------------------------------------------------------------------------------
+
+def test_accepted_prefix_ranks_follow_the_score_order():
+    scores = [0.0, -0.1, -0.5, -0.2, -0.3, -0.2]  # ranks by score (ties: lower id first): 1, 3, 5, 4, 2
+    nodes = [TraceNode(i, 0, "", -1 if i == 0 else 0, 1, s, "x") for i, s in enumerate(scores)]
+    c = cycle(3, 3, nodes=nodes, path=[0, 3, 2, 5])  # ranks 1, 4, 2 -> running max 1, 4, 4
+    assert accepted_prefix_ranks(c) == [1, 4, 4]
+    # A tree of n nodes keeps the n - 1 best: n = 3 keeps ranks 0-1 (one accepted), n = 6 keeps all three.
+    assert [expected_tau([[1, 4, 4]], n) for n in (2, 3, 5, 6)] == [1.0, 2.0, 2.0, 4.0]
+
+
+def synthetic_cost() -> CostCurve:
+    # Flat (memory-bound) up to 16 tokens, then 4 ms per extra token.
+    return CostCurve(device="cpu", threads=2, kv_length=300, sizes=[1, 8, 16, 24, 32, 48],
+                     ms=[50.0, 60.0, 60.0, 92.0, 124.0, 188.0])
+
+
+def test_auto_tree_choice_on_a_synthetic_cost_curve():
+    base = TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)
+    narrow = Calibration(settings=base, prefix_ranks=[[0, 2, 9, 20]] * 3 + [[0, 30]], draft_ms=20.0, other_ms=0.0)
+    # tau(n) for k = 4: n=8 -> 1 + (3*2+1)/4 = 2.75; 16 -> 1 + (3*3+1)/4 = 3.5; 24 -> 4.25; 32 -> 4.5 (pool caps at 39)
+    wide = Calibration(settings=TreeSettings(top_k=6, depth=6, total_tokens=24, mlptopk=6, pruning=6),
+                       prefix_ranks=[[0, 1, 2, 3]] * 4, draft_ms=60.0, other_ms=0.0)  # tau 5 from n = 8, but costly
+    ranked = rank_candidates(synthetic_cost(), [narrow, wide], sizes=(8, 16, 24, 32, 48), method="gumiho")
+    best = ranked[0]
+    # k=4: 8 -> 2.75/80, 16 -> 3.5/80 = 43.75/s, 24 -> 4.25/112, 32 -> 4.5/144; k=6: 8 -> 5/120 = 41.7/s.
+    assert (best.top_k, best.total_tokens) == (4, 16)
+    assert best.tokens_per_s == pytest.approx(1e3 * 3.5 / 80) and best.speedup == pytest.approx(3.5 * 50 / 80)
+    assert all(c.total_tokens <= 39 for c in ranked if c.top_k == 4)  # the pool of 2k + 5 * pruning = 38 nodes
+    # A flat cost curve (a GPU) makes the biggest tree the best.
+    flat = CostCurve(device="cuda", threads=1, kv_length=300, sizes=[1, 48], ms=[10.0, 10.0])
+    assert rank_candidates(flat, [narrow], sizes=(8, 16, 24, 32), method="gumiho")[0].total_tokens == 32
+
+
+def test_counterfactual_tau_matches_real_smaller_trees():
+    """The first cycle's accepted length with total_tokens = n equals the one predicted from the largest tree."""
+    engine = tiny_engine()
+    prompt = "w3 w5 w1 w9"
+    for method, big in (("gumiho", TreeSettings(4, 6, 39, 6, 6)), ("eagle2", TreeSettings(4, 3, 48))):
+        cal = calibrate(engine, method, big, prompts=(prompt,), max_new_tokens=2)
+        first = cal.prefix_ranks[0]
+        for n in (2, 4, 8, 16, 24):
+            config = GenerationConfig(max_new_tokens=64, sampling=SamplingConfig(temperature=0.0), trace=False,
+                                      tree=TreeSettings(big.top_k, big.depth, n, big.mlptopk, big.pruning))
+            real = next(iter(engine.run(prompt, method, config)))
+            assert real.accept_length == sum(r < n - 1 for r in first), (method, n)
+
+
+def test_auto_tree_on_the_tiny_engine_returns_a_valid_tree():
+    engine = tiny_engine()
+    base = TreeSettings.default("gumiho")
+    choice = auto_tree(engine, "gumiho", base, cost=synthetic_cost(), top_ks=(3, 4), sizes=(8, 16, 24),
+                       prompts=("w1 w2 w3",), max_new_tokens=8, progress=False)
+    choice.settings.validate("gumiho")
+    assert (choice.settings.top_k, choice.settings.total_tokens) == (choice.candidates[0].top_k,
+                                                                   choice.candidates[0].total_tokens)
+    assert {c.top_k for c in choice.candidates} == {3, 4} and len(choice.table()) == 6
+
+
+def test_generate_cli_total_tokens_auto(monkeypatch, tmp_path, capsys):
+    from gumiho import loader
+    from gumiho.__main__ import main
+    from gumiho.bench import tree_size
+
+    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    monkeypatch.setattr(loader, "build_engine", lambda *a, **k: tiny_engine())
+    real = tree_size.auto_tree
+    monkeypatch.setattr(tree_size, "auto_tree", lambda engine, method, base, **k: real(
+        engine, method, base, cost=synthetic_cost(), sizes=(8, 16), prompts=("w1 w2",), max_new_tokens=4, **k))
+    for _ in range(2):  # the second call reads the cache
+        assert main(["generate", "--prompt", "w1 w2", "--method", "eagle2", "--total-tokens", "auto",
+                     "--tree-top-k", "3", "--max-new-tokens", "4"]) == 0
+        assert "[auto tree] top_k 3, total_tokens " in capsys.readouterr().err
+    assert len(json.loads((tmp_path / "auto_tree.json").read_text())) == 1
+
+
+# --- end to end ------------------------------------------------------------------------------------------------------
+
+def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
+    argv = ["--datasets", "mt_bench", "gsm8k", "--limit", "1", "--max-new-tokens", "8", "--out", str(tmp_path),
+            "--name", "tiny", "--cost-repeats", "1", "--no-progress", "--total-tokens", "16"]
+    args = build_parser().parse_args(argv)
+    paths = execute(tiny_engine(), args, argv, bench_settings(args))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["tiny.json", "tiny.summary.csv", "tiny.per_prompt.csv", "tiny.profile.csv", "tiny.md"])
+    result = json.loads(paths["json"].read_text())
+    assert result["schema"] == 1 and result["name"] == "tiny" and result["machine"]["threads"] >= 1
+    assert {v["name"] for v in result["variants"]} == {"ar", "eagle2", "gumiho", "gumiho+fta"}
+    assert all(v["tree"]["total_tokens"] == 16 for v in result["variants"] if v["tree"])
+    assert result["cost_curve"]["sizes"][0] == 1 and len(result["cost_curve"]["ms"]) == 9
+    per_prompt = pd.read_csv(paths["per_prompt"])
+    assert len(per_prompt) == 2 * 4 and set(per_prompt["dataset"]) == {"mt_bench", "gsm8k"}
+    assert (per_prompt["new_tokens"] <= 8).all() and (per_prompt["tau"] >= 1).all()
+    assert (per_prompt.loc[per_prompt["method"] == "ar", "speedup"] == 1.0).all()
+    exact = per_prompt[per_prompt["method"].isin(["eagle2", "gumiho"])]
+    assert exact["same_as_ar"].all()  # greedy speculative decoding without FTA returns AR's tokens
+    summary = pd.read_csv(paths["summary"])
+    assert set(summary["dataset"]) == {"mt_bench", "gsm8k", "mean"} and len(summary) == 3 * 4
+    assert summary["tau"].notna().all() and summary["speedup"].notna().all()
+    assert result["summary"] == json.loads(summary.to_json(orient="records"))
+    profile = pd.read_csv(paths["profile"]).set_index("method")
+    assert profile.at["gumiho", "draft_mlp_heads"] > 0 and profile.at["ar", "draft_ms"] < profile.at["eagle2", "draft_ms"]
+    assert profile.at["gumiho", "draft_lm_head_rows"] == 1 + 4 + 5 * 4  # serial-1, serial-2 (k rows), 5 heads x k rows
+    markdown = paths["markdown"].read_text()
+    assert "| Method | MT-Bench speed-up | MT-Bench τ | GSM8K speed-up | GSM8K τ | Mean speed-up | Mean τ |" in markdown
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--datasets", "nope"], "unknown dataset 'nope'"),
+    (["--methods", "beam"], "unknown method 'beam'"),
+    (["--limit", "0"], "--limit: must be >= 1"),
+    (["--total-tokens", "many"], "expected an integer or 'auto'"),
+    (["--total-tokens", "0"], "--total-tokens must be >= 1"),
+    (["--temperatures", "-1"], "temperatures must be >= 0"),
+    (["--datasets", "/nonexistent/x.jsonl"], "cannot read dataset"),
+])
+def test_bad_input_is_one_line_on_stderr(capsys, args, message):
+    try:
+        code = bench_main(args)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_cli_on_the_real_model(tmp_path):
+    command = [sys.executable, "-m", "gumiho", "bench", "--datasets", "gsm8k", "--limit", "1", "--max-new-tokens",
+               "8", "--methods", "ar", "gumiho", "--warmup", "0", "--cost-repeats", "1", "--no-profile",
+               "--no-progress", "--out", str(tmp_path), "--name", "real"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "tau = (new_tokens - 1) / cycles" in done.stderr and "| Gumiho |" in done.stdout
+    per_prompt = pd.read_csv(tmp_path / "real.per_prompt.csv")
+    assert list(per_prompt["method"]) == ["ar", "gumiho"] and per_prompt["same_as_ar"].iloc[1]
