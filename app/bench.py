@@ -1,7 +1,9 @@
-"""Read the benchmark harness's result files (assets/bench/*.json, *.csv) into tables, whatever their exact shape.
+"""Read the benchmark harness's results from assets/bench/ (written by `python -m gumiho bench`).
 
-JSON: a list of records is one table; in an object, lists of records and objects of records become tables and
-scalars become notes. A CSV file is one table (skipped when a JSON file with the same name exists).
+A run `<name>` is `<name>.json` with its companions `<name>.md` (the report) and `<name>.summary.csv` etc. The
+JSON's `summary` rows (temperature, method, dataset, tau, speedup, accept_1..7, ...) feed the charts. Anything
+else is shown as plainly as possible: a CSV without a run is a table, a JSON without `summary` becomes tables
+(lists of records) and notes (scalars). Unreadable files become notes, never errors.
 """
 
 from __future__ import annotations
@@ -14,68 +16,85 @@ import pandas as pd
 
 BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench"
 QUICK_COMMAND = "python -m gumiho bench --quick"
-TASK_COLUMNS = ("task", "dataset", "benchmark", "bench")
-METRIC_WORDS = ("speedup", "speed_up", "speed-up", "tau", "τ", "tokens_per_s")
+SUMMARY_COLUMNS = {"temperature", "method", "dataset", "tau", "speedup"}
 
 
 @dataclass
-class BenchTable:
-    title: str
-    table: pd.DataFrame
+class BenchRun:
+    """One results file and what came with it."""
 
-
-@dataclass
-class BenchResults:
-    tables: list[BenchTable] = field(default_factory=list)
+    name: str
+    report: str = ""  # the harness's Markdown report, when there is one
+    summary: pd.DataFrame | None = None  # one row per (temperature, method, dataset)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
-def _is_records(value) -> bool:
+def _records(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
-def _is_scalar(value) -> bool:
+def _scalar(value) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
-def _collect(title: str, value, results: BenchResults, depth: int = 0) -> None:
-    if _is_records(value):
-        results.tables.append(BenchTable(title, pd.json_normalize(value)))
-    elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()) and all(
-            all(_is_scalar(x) for x in v.values()) for v in value.values()):
-        table = pd.DataFrame.from_dict(value, orient="index").reset_index(names="name")
-        results.tables.append(BenchTable(title, table))
+def _generic(run: BenchRun, title: str, value, depth: int = 0) -> None:
+    """Tables from lists of records, notes from scalars, descending two levels into objects."""
+    if _records(value):
+        run.tables.append((title, pd.json_normalize(value)))
     elif isinstance(value, dict) and depth < 2:
         for key, item in value.items():
-            _collect(f"{title} › {key}", item, results, depth + 1)
-    elif _is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value)):
-        results.notes.append(f"**{title}**: {value}")
+            _generic(run, f"{title} › {key}" if title else str(key), item, depth + 1)
+    elif _scalar(value):
+        run.notes.append(f"**{title}**: {value}")
 
 
-def read_results(folder: Path = BENCH) -> BenchResults:
-    """Everything readable in `folder`; unreadable files become notes, never errors."""
-    results = BenchResults()
+def _read_json(path: Path) -> BenchRun:
+    run = BenchRun(path.stem)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    summary = data.get("summary") if isinstance(data, dict) else None
+    if _records(summary) and SUMMARY_COLUMNS <= set(summary[0]):
+        run.summary = pd.DataFrame(summary)
+        report = path.with_suffix(".md")
+        run.report = report.read_text(encoding="utf-8") if report.is_file() else ""
+        if not run.report:
+            run.tables.append(("summary", run.summary))
+    else:
+        _generic(run, "", data)
+    return run
+
+
+def read_runs(folder: Path = BENCH) -> list[BenchRun]:
+    """Every run in `folder`, newest file first."""
     if not folder.is_dir():
-        return results
-    json_stems = {p.stem for p in folder.glob("*.json")}
-    for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*.csv")):
+        return []
+    files = sorted(folder.glob("*.json"), key=lambda p: (-p.stat().st_mtime, p.name))
+    runs = []
+    for path in files:
         try:
-            if path.suffix == ".json":
-                _collect(path.stem, json.loads(path.read_text(encoding="utf-8")), results)
-            elif path.stem not in json_stems:
-                results.tables.append(BenchTable(path.stem, pd.read_csv(path)))
-        except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
-            results.notes.append(f"could not read `{path.name}`: {exc}")
-    return results
+            runs.append(_read_json(path))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            runs.append(BenchRun(path.stem, notes=[f"could not read `{path.name}`: {exc}"]))
+    owned = tuple(f"{p.stem}." for p in files)
+    for path in sorted(folder.glob("*.csv")):
+        if path.name.startswith(owned):
+            continue  # a companion of a run above (the same data as its JSON)
+        try:
+            runs.append(BenchRun(path.stem, tables=[("", pd.read_csv(path))]))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            runs.append(BenchRun(path.stem, notes=[f"could not read `{path.name}`: {exc}"]))
+    return runs
 
 
-def chart_columns(table: pd.DataFrame) -> tuple[str, str, list[str]] | None:
-    """(task column, method column, metric columns) when the table is in long form (one row per method and task)."""
-    lower = {c.lower(): c for c in table.columns}
-    task = next((lower[c] for c in TASK_COLUMNS if c in lower), None)
-    method = lower.get("method")
-    metrics = [c for c in table.columns if any(w in c.lower() for w in METRIC_WORDS)
-               and pd.api.types.is_numeric_dtype(table[c])]
-    if task is None or method is None or not metrics:
-        return None
-    return task, method, metrics
+def task_rows(summary: pd.DataFrame, temperature: float) -> list[dict]:
+    """The per-task rows (not the "mean" rows) at one temperature."""
+    rows = summary[(summary["temperature"] == temperature) & (summary["dataset"] != "mean")]
+    return rows.to_dict("records")
+
+
+def acceptance_rows(summary: pd.DataFrame, temperature: float) -> dict[str, list[float]]:
+    """Per method, the acceptance rate at draft depth 1, 2, ... averaged over the tasks ("mean" rows)."""
+    means = summary[(summary["temperature"] == temperature) & (summary["dataset"] == "mean")]
+    depths = sorted(int(c.split("_")[1]) for c in summary.columns if c.startswith("accept_"))
+    return {row["method"]: [row[f"accept_{d}"] for d in depths] for row in means.to_dict("records")
+            if row["method"] != "ar"}

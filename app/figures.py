@@ -122,8 +122,8 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
     filled = fta_segments(cycle)
     if filled:
         xs, ys = _segments(filled, pos)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="FTA-borrowed",
-                                 line=dict(color=FTA_COLOR, width=2, dash="dash"), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="FTA-borrowed", opacity=0.7,
+                                 line=dict(color=FTA_COLOR, width=1.5, dash="dash"), hoverinfo="skip"))
 
     lowest = min(n.score for n in cycle.nodes)
     for source in sorted({n.source for n in cycle.nodes}, key=source_order):
@@ -168,7 +168,8 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
     if title is None:
         title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
                  f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
-    return _base_layout(fig, title, int(190 + 30 * leaves))
+    _base_layout(fig, title, int(150 + 30 * leaves))
+    return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, x=1.01), margin=dict(t=40))
 
 
 # ---------------------------------------------------------------------------------------------- race charts
@@ -250,13 +251,24 @@ def chain_figure(terms: list[float], gradient: list[float]) -> go.Figure:
 # ---------------------------------------------------------------------------------------------- benchmarks
 
 
-def grouped_bar_figure(rows: list[dict], x: str, y: str, group: str, title: str) -> go.Figure:
-    """A grouped bar chart from table rows (one bar group per `x`, one colour per `group`)."""
+def grouped_bar_figure(rows: list[dict], x: str, y: str, title: str) -> go.Figure:
+    """Benchmark rows (each with a "method") as bars grouped by `x`, one colour per method."""
     fig = go.Figure()
-    for name in dict.fromkeys(str(r[group]) for r in rows):
-        part = [r for r in rows if str(r[group]) == name]
-        fig.add_trace(go.Bar(x=[str(r[x]) for r in part], y=[r[y] for r in part], name=name,
-                             marker_color=METHOD_COLORS.get(name.split()[0].lower().replace("-", ""))))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        part = [r for r in rows if r["method"] == method]
+        fig.add_trace(go.Bar(x=[str(r[x]) for r in part], y=[r[y] for r in part], name=method_name(method),
+                             marker_color=METHOD_COLORS.get(method)))
     fig.update_layout(barmode="group")
     fig.update_yaxes(title=y, gridcolor="#eee", rangemode="tozero")
-    return _base_layout(fig, title, 360)
+    return _base_layout(fig, title, 340)
+
+
+def acceptance_figure(rates: dict[str, list[float]]) -> go.Figure:
+    """Acceptance rate of the draft token at each depth, one line per method."""
+    fig = go.Figure()
+    for method, values in rates.items():
+        fig.add_trace(go.Scatter(x=list(range(1, len(values) + 1)), y=values, mode="lines+markers",
+                                 name=method_name(method), line=dict(color=METHOD_COLORS.get(method), width=3)))
+    fig.update_xaxes(title="draft depth", dtick=1)
+    fig.update_yaxes(title="accepted when reached", range=[0, 1.05], gridcolor="#eee")
+    return _base_layout(fig, "Per-position acceptance (mean over tasks)", 340)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-METHOD_NAMES = {"eagle2": "EAGLE-2", "gumiho": "Gumiho", "ar": "AR"}
-METHOD_COLORS = {"eagle2": "#2a9d8f", "gumiho": "#e76f51", "ar": "#6c757d"}
+METHOD_NAMES = {"eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA", "ar": "AR"}
+METHOD_COLORS = {"eagle2": "#2a9d8f", "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "ar": "#6c757d"}
 
 # Gumiho: the serial Transformer in blues, the parallel MLP heads in warm colours. EAGLE-2: greens by depth.
 SOURCE_COLORS = {

@@ -18,7 +18,7 @@ from gumiho.errors import GumihoError
 from gumiho.trace import CycleTrace, GenerationTrace, TraceError
 
 from . import figures, render
-from .bench import QUICK_COMMAND, chart_columns, read_results
+from .bench import QUICK_COMMAND, acceptance_rows, read_runs, task_rows
 from .examples import PROMPTS, Example, load_examples
 from .lesson import lesson_parts
 from .service import (
@@ -46,7 +46,7 @@ PLAY, PAUSE = "▶ Play", "⏸ Pause"
 LATEX = [{"left": "$$", "right": "$$", "display": True}]
 METHOD_CHOICES = [("Gumiho", "gumiho"), ("EAGLE-2", "eagle2"), ("AR (no drafting)", "ar")]
 TREE_FIELDS = ("top_k", "depth", "total_tokens", "mlptopk", "pruning", "fta")
-EXPLORE_VIEW = 7  # summary, legend, slider, output, cycle caption, tree, paths
+EXPLORE_VIEW = 7  # summary, legend, output, slider, cycle caption, tree, paths
 RACE_VIEW = 6  # headline, table, timeline, tau, timing, texts
 
 
@@ -117,8 +117,9 @@ class ExploreView:
         return gr.Slider(minimum=0, maximum=max(self.cycles - 1, 1), value=self.cycle, step=1)
 
     def values(self) -> list:
-        """In the order of the Explore outputs: summary, legend, slider, output, caption, tree, paths."""
-        return [self.summary, self.legend, self.slider(), *self.detail.values()]
+        """In the order of the Explore outputs: summary, legend, output, slider, caption, tree, paths."""
+        output, caption, tree, paths = self.detail.values()
+        return [self.summary, self.legend, output, self.slider(), caption, tree, paths]
 
 
 def race_view(traces: list[GenerationTrace]) -> list:
@@ -343,15 +344,15 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
                 pick = gr.Dropdown([c for e in examples for c in e.choices()], label="Recorded examples",
                                    value=f"{first.name}/{explore_trace.method}" if first else None)
                 view = ExploreView.of(explore_trace)
-                message = gr.Markdown()
-                summary = gr.Markdown(view.summary)
-                legend = gr.HTML(view.legend)
-                output = gr.HTML(view.detail.output)
+                message = gr.Markdown(label="message")
+                summary = gr.Markdown(view.summary, label="summary")
+                legend = gr.HTML(view.legend, label="legend")
+                output = gr.HTML(view.detail.output, label="output")
                 with gr.Row(equal_height=True):
                     cycle = gr.Slider(0, max(view.cycles - 1, 1), value=view.cycle, step=1, scale=5,
                                       label="Cycle (one target forward each)")
                     play = gr.Button(PLAY, scale=1)
-                cycle_info = gr.Markdown(view.detail.caption)
+                cycle_info = gr.Markdown(view.detail.caption, label="cycle")
                 tree_plot = gr.Plot(view.detail.tree, label="Draft tree")
                 paths = gr.Dataframe(view.detail.paths, label="Candidate paths of this cycle", interactive=False,
                                      wrap=True)
@@ -384,40 +385,21 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
                                         value=first.name if first else None)
                 recorded = list(first.traces) if first else []
                 headline, table, timeline, tau, timing, texts = race_view(recorded)
-                race_message = gr.Markdown()
-                race_headline = gr.Markdown(headline)
+                race_message = gr.Markdown(label="message")
+                race_headline = gr.Markdown(headline, label="headline")
                 race_table = gr.Dataframe(table, label="Headline numbers", interactive=False)
                 race_timeline = gr.Plot(timeline, label="Tokens over time")
                 race_tau = gr.Plot(tau, label="τ per cycle")
                 race_timing = gr.Plot(timing, label="Time per cycle")
-                race_texts = gr.HTML(texts)
+                race_texts = gr.HTML(texts, label="texts")
                 race_files = gr.File([str(first.path(t.method)) for t in recorded] if first else None,
                                      label="Traces of this race (JSON)", file_count="multiple", interactive=False)
                 race_state = gr.State(recorded)
 
-            with gr.Tab("Benchmarks"):
+            with gr.Tab("Benchmarks"), gr.Column(elem_id="gm-bench"):
                 bench_refresh = gr.Button("Reload results", size="sm")
 
-                @gr.render(triggers=[demo.load, bench_refresh.click])
-                def benchmarks():
-                    results = read_results()
-                    if not results.tables:
-                        gr.Markdown("No benchmark results in `assets/bench/` yet. Produce them with\n\n"
-                                    f"```bash\n{QUICK_COMMAND}\n```\n\n(the harness writes JSON and CSV result "
-                                    "files there), then press *Reload results*.")
-                    for table in results.tables:
-                        gr.Markdown(f"### {table.title}")
-                        gr.Dataframe(table.table, interactive=False, wrap=True)
-                        columns = chart_columns(table.table)
-                        if columns:
-                            task, method_column, metrics = columns
-                            rows = table.table.to_dict("records")
-                            with gr.Row():
-                                for metric in metrics[:2]:
-                                    gr.Plot(figures.grouped_bar_figure(rows, task, metric, method_column,
-                                                                       f"{metric} by {task}"))
-                    if results.notes:
-                        gr.Markdown("\n".join(f"- {note}" for note in results.notes))
+                gr.render(triggers=[demo.load, bench_refresh.click])(_benchmarks)
 
             with gr.Tab("How it works"):
                 _lesson(handlers, examples)
@@ -448,6 +430,38 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
         race_upload.upload(handlers.race_upload, [race_upload], race_outputs, api_visibility="private")
 
     return demo
+
+
+def _benchmarks() -> None:
+    """The benchmark harness's results, read afresh on every page load and on *Reload results*."""
+    runs = read_runs()
+    if not runs:
+        gr.Markdown("No benchmark results in `assets/bench/` yet. Produce them with\n\n"
+                    f"```bash\n{QUICK_COMMAND}\n```\n\n(the harness writes its JSON, CSV and Markdown results there), "
+                    "then press *Reload results*.")
+    for number, run in enumerate(runs):
+        gr.Markdown(f"## Run `{run.name}`")
+        if run.summary is not None:
+            for temperature in sorted(run.summary["temperature"].unique()):
+                rows = task_rows(run.summary, temperature)
+                with gr.Row():
+                    gr.Plot(figures.grouped_bar_figure(rows, "dataset", "speedup",
+                                                       f"Speed-up over AR, T = {temperature:g}"), show_label=False)
+                    gr.Plot(figures.grouped_bar_figure(rows, "dataset", "tau",
+                                                       f"τ (tokens per target forward), T = {temperature:g}"),
+                            show_label=False)
+                rates = acceptance_rows(run.summary, temperature)
+                if rates:
+                    gr.Plot(figures.acceptance_figure(rates), show_label=False)
+        if run.report:
+            with gr.Accordion("Full report", open=number == 0):
+                gr.Markdown(run.report)
+        for title, table in run.tables:
+            if title:
+                gr.Markdown(f"**{title}**")
+            gr.Dataframe(table, interactive=False, wrap=True)
+        if run.notes:
+            gr.Markdown("\n".join(f"- {note}" for note in run.notes))
 
 
 def _lesson(handlers: Handlers, examples: list[Example]) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app import analysis, figures, render
-from app.bench import chart_columns, read_results
+from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
 from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, throttle
@@ -224,26 +224,44 @@ def test_chain_rejects_bad_input_with_a_message(text):
 # ---------------------------------------------------------------------------------------------- files
 
 
-def test_bench_reader_handles_records_csv_metadata_and_broken_files(tmp_path):
-    rows = [{"method": m, "task": t, "speedup": s, "tau": 1 + s} for m, s in (("gumiho", 1.5), ("eagle2", 1.3))
-            for t in ("mt_bench", "gsm8k")]
-    (tmp_path / "results.json").write_text(json.dumps({"machine": "2-core EPYC", "rows": rows}))
-    (tmp_path / "results.csv").write_text("ignored,because\n1,2\n")  # the JSON with the same name wins
-    (tmp_path / "per_position.csv").write_text("depth,rate\n1,0.5\n2,0.3\n")
+def bench_summary() -> list[dict]:
+    rows = []
+    for method, speedup, tau in (("ar", 1.0, 1.0), ("eagle2", 1.3, 2.5), ("gumiho", 1.5, 2.9)):
+        for dataset in ("mt_bench", "gsm8k", "mean"):
+            rows.append({"temperature": 0.0, "method": method, "dataset": dataset, "tau": tau, "speedup": speedup,
+                         "accept_1": 0.8 if method != "ar" else None, "accept_2": 0.6 if method != "ar" else None})
+    return rows
+
+
+def test_bench_reader_reads_harness_runs_and_anything_else(tmp_path):
+    (tmp_path / "cpu-quick.json").write_text(json.dumps({"schema": 1, "name": "cpu-quick", "summary": bench_summary()}))
+    (tmp_path / "cpu-quick.md").write_text("# Benchmark `cpu-quick`\n")
+    (tmp_path / "cpu-quick.summary.csv").write_text("temperature,method\n0,ar\n")  # a companion: not repeated
+    (tmp_path / "handmade.csv").write_text("depth,rate\n1,0.5\n2,0.3\n")
+    (tmp_path / "other.json").write_text(json.dumps({"machine": "2-core EPYC", "rows": [{"a": 1}, {"a": 2}]}))
     (tmp_path / "broken.json").write_text("{not json")
-    results = read_results(tmp_path)
-    titles = [t.title for t in results.tables]
-    assert titles == ["results › rows", "per_position"]
-    assert any("2-core EPYC" in note for note in results.notes)
-    assert any("broken.json" in note for note in results.notes)
-    assert chart_columns(results.tables[0].table) == ("task", "method", ["speedup", "tau"])
-    assert chart_columns(results.tables[1].table) is None
-    fig = figures.grouped_bar_figure(rows, "task", "speedup", "method", "speed-up")
-    assert [t.name for t in fig.data] == ["gumiho", "eagle2"]
+    runs = {run.name: run for run in read_runs(tmp_path)}
+    assert set(runs) == {"cpu-quick", "handmade", "other", "broken"}
+    quick = runs["cpu-quick"]
+    assert quick.report.startswith("# Benchmark") and len(quick.summary) == 9 and not quick.tables
+    assert [r["dataset"] for r in task_rows(quick.summary, 0.0)] == ["mt_bench", "gsm8k"] * 3
+    assert acceptance_rows(quick.summary, 0.0) == {"eagle2": [0.8, 0.6], "gumiho": [0.8, 0.6]}
+    assert list(runs["handmade"].tables[0][1].columns) == ["depth", "rate"]
+    assert runs["other"].tables[0][0] == "rows" and runs["other"].notes == ["**machine**: 2-core EPYC"]
+    assert "could not read `broken.json`" in runs["broken"].notes[0]
+
+
+def test_bench_charts_have_one_series_per_method():
+    rows = [r for r in bench_summary() if r["dataset"] != "mean"]
+    fig = figures.grouped_bar_figure(rows, "dataset", "speedup", "speed-up")
+    assert [t.name for t in fig.data] == ["AR", "EAGLE-2", "Gumiho"]
+    assert list(fig.data[2].y) == [1.5, 1.5]
+    fig = figures.acceptance_figure({"gumiho": [0.8, 0.6]})
+    assert list(fig.data[0].x) == [1, 2] and fig.data[0].name == "Gumiho"
 
 
 def test_bench_reader_without_results(tmp_path):
-    assert read_results(tmp_path / "missing").tables == []
+    assert read_runs(tmp_path / "missing") == []
 
 
 def test_read_trace_explains_bad_files(tmp_path):

@@ -1,0 +1,136 @@
+"""The page in headless Chromium (Debian's, driven by Playwright) against a launched `python app.py`.
+
+Screenshots of each step go to artifacts/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .app_server import ARTIFACTS, served_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+SHOTS = ARTIFACTS / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+LONG_MS = 240_000  # a generation on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api")
+    with served_app("app-browser") as url, playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium, url
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    """One page for the whole module, as a visitor would use it; tests run in file order."""
+    chromium, url = browser
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url)
+    yield page
+    page.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).click()
+
+
+def number(page, label: str):
+    """The number box of the visible slider called `label`."""
+    return page.get_by_label(f"number input for {label}", exact=True).filter(visible=True).first
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = number(page, label)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def tree_plot(page):
+    return page.locator(".js-plotly-plot").filter(has_text="bonus (target's token)").first
+
+
+def test_the_first_page_is_populated_from_the_recorded_examples(page):
+    page.get_by_role("heading", name="Gumiho: speculative decoding you can watch").wait_for()
+    assert page.get_by_text(re.compile(r"Loading the model in the background|Model ready")).count() >= 1
+    tree_plot(page).wait_for()
+    assert page.locator(".gm-output .gm-tok").count() > 5
+    assert page.get_by_text(re.compile(r"^Cycle \d+$")).count() + page.get_by_text(re.compile(r"Cycle \d+ ·")).count()
+    shot(page, "1-first-page")
+
+
+def test_generate_streams_and_draws_the_tree(page):
+    tab(page, "Explore")
+    page.get_by_label("Prompt", exact=True).fill("Name three fruits.")
+    set_number(page, "Max new tokens", 12)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.get_by_text(re.compile(r"^Done: ")).wait_for(timeout=LONG_MS)
+    page.get_by_text("Model ready", exact=False).first.wait_for()
+    summary = page.get_by_text(re.compile(r"Gumiho · \d+ tokens in \d+ cycles")).first.inner_text()
+    assert "finished: length" in summary or "finished: eos" in summary
+    tree_plot(page).wait_for()
+    assert tree_plot(page).locator(".scatterlayer .trace").count() >= 4  # edges, accepted path, heads, bonus
+    assert page.locator(".gm-output [data-source=bonus]").count() >= 1
+    shot(page, "2-generated")
+
+
+def test_the_scrubber_and_play_step_through_the_cycles(page):
+    set_number(page, "Cycle (one target forward each)", 0)
+    page.get_by_text(re.compile(r"^Cycle 0 · verified a tree")).wait_for()
+    assert page.locator(".gm-cycle.gm-selected").get_attribute("data-cycle") == "0"
+    shot(page, "3-cycle-0")
+    page.get_by_role("button", name="▶ Play", exact=True).click()
+    page.get_by_text(re.compile(r"^Cycle [1-9]\d* · verified a tree")).wait_for(timeout=30_000)
+    page.get_by_role("button", name="⏸ Pause", exact=True).click()
+    page.get_by_role("button", name="▶ Play", exact=True).wait_for()
+
+
+def test_a_bad_trace_upload_shows_a_message_and_the_page_keeps_working(page, tmp_path):
+    bad = tmp_path / "not-a-trace.json"
+    bad.write_text('{"schema": 1, "method": "medusa"')
+    with page.expect_file_chooser() as chooser:
+        page.get_by_role("button", name="Replay a trace (JSON)", exact=True).click()
+    chooser.value.set_files(str(bad))
+    page.get_by_text(re.compile(r"^⚠ not valid JSON")).first.wait_for()
+    shot(page, "4-bad-upload")
+    set_number(page, "Cycle (one target forward each)", 1)
+    page.get_by_text(re.compile(r"^Cycle 1 · verified a tree")).wait_for()
+
+
+def test_race_runs_the_three_methods(page):
+    tab(page, "Race")
+    page.get_by_label("Race prompt", exact=True).fill("Name three fruits.")
+    set_number(page, "Max new tokens", 8)
+    page.get_by_role("button", name="Race: EAGLE-2 → Gumiho → AR", exact=True).click()
+    page.get_by_text("Done.", exact=True).wait_for(timeout=LONG_MS)
+    texts = page.locator(".gm-texts > div")
+    assert texts.count() == 3
+    assert texts.nth(0).locator("h4").inner_text() == "EAGLE-2"
+    assert "identical to AR" in texts.nth(1).inner_text()
+    assert page.locator(".js-plotly-plot").filter(has_text="Tokens over time").count() == 1
+    shot(page, "5-race")
+
+
+def test_lesson_calculator_and_benchmarks_tab(page):
+    tab(page, "How it works")
+    box = page.get_by_label("Acceptance probabilities p_1, p_2, … (0 to 1)", exact=True)
+    box.fill("0.8, 0.8, 0.8")
+    page.get_by_text(re.compile(r"τ_draft = 1\.952")).wait_for()
+    box.fill("0.8, oops")
+    page.get_by_text(re.compile(r"^⚠ use numbers between 0 and 1")).wait_for()
+    shot(page, "6-lesson")
+    tab(page, "Benchmarks")
+    bench = page.locator("#gm-bench")
+    bench.locator("table").or_(bench.get_by_text("No benchmark results", exact=False)).first.wait_for()
+    shot(page, "7-benchmarks")
