@@ -61,6 +61,20 @@ def speed_table(summary: pd.DataFrame, temperature: float) -> str:
     return _md(pd.DataFrame(table))
 
 
+def fta_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Greedy runs, per task: Gumiho without and with FTA (τ, its gain, speed-up, equality with AR)."""
+    greedy = summary[summary["temperature"] == 0].set_index(["method", "dataset"])
+    if not {"gumiho", "gumiho+fta"} <= set(greedy.index.get_level_values(0)):
+        return pd.DataFrame()
+    off, on = greedy.loc["gumiho"], greedy.loc["gumiho+fta"]
+    return pd.DataFrame({
+        "task": [TITLES.get(d, d) for d in off.index], "τ off": off["tau"], "τ on": on["tau"],
+        "τ gain": on["tau"] / off["tau"], "speed-up off": off["speedup"], "speed-up on": on["speedup"],
+        "same as AR off": off["same_as_ar"], "same as AR on": on["same_as_ar"], "agreement on": on["agreement"],
+        "cycles through FTA": on["fta_cycle_share"],
+    }).reset_index(drop=True)
+
+
 def _fmt(frame: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return frame.map(lambda v: f"{v:.{digits}f}" if isinstance(v, float) else v)
 
@@ -96,6 +110,9 @@ def markdown(result: dict, summary: pd.DataFrame, profile: pd.DataFrame) -> str:
     for temperature in sorted(summary["temperature"].unique()):
         parts += [f"## T = {temperature:g}: speed-up over AR and τ", speed_table(summary, temperature)]
         parts += [f"### {title}\n\n{_md(t)}" for title, t in detail_tables(summary, temperature).items()]
+    fta = fta_table(summary)
+    if not fta.empty:
+        parts += ["## FTA trade-off (T = 0)", _md(_fmt(fta))]
     if not profile.empty:
         cols = ["method", "tree_size", "tau_cycle", "cycle_ms", "draft_ms", "verify_ms", "other_ms",
                 "draft_transformer", "draft_fc", "draft_lm_head", "draft_lm_head_rows", "draft_mlp_heads",
