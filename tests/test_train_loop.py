@@ -15,6 +15,7 @@ from gumiho.train.batches import collate
 from gumiho.train.data import Rendered
 from gumiho.train.evaluate import chain_accuracy, chain_predictions
 from gumiho.train.features import load_sequences, target_features, write_shard
+from gumiho.train.ship import ship
 from gumiho.train.objective import LossWeights, batch_losses
 from gumiho.train.trainer import TrainConfig, build_drafter, train
 from tests.conftest import random_drafter, tiny_target
@@ -67,6 +68,11 @@ def test_training_reduces_the_loss_and_writes_a_loadable_drafter(corpus, tmp_pat
     assert drafter.draft_vocab.shape == (16,) and len(set(drafter.draft_vocab.tolist())) == 16
     if kind == "gumiho":
         assert "acc_mlp4" in parts
+    shipped = ship(run, tmp_path / "shipped")
+    assert "Tokens seen: " + f"{summary['tokens_seen']:,}" in (shipped / "README.md").read_text()
+    half = Drafter.from_pretrained(shipped)
+    torch.testing.assert_close(half.state_dict()["transformer.fc.weight"], drafter.state_dict()["transformer.fc.weight"],
+                               atol=1e-3, rtol=1e-3)
 
 
 def test_resume_continues_from_the_checkpoint(corpus, tmp_path):

@@ -94,7 +94,7 @@ def eval_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     drafter = Drafter.from_pretrained(args.drafter_dir)
     target = _target(args)
-    results: dict = {"drafter": args.drafter_dir}
+    results: dict = {"drafter": args.drafter_dir, "max_new_tokens": args.max_new_tokens}
     if args.heldout:
         from .features import load_sequences
 

@@ -38,14 +38,16 @@ def input_noise(shape: torch.Size, amplitude: float, generator: torch.Generator 
 
 
 def _prediction_terms(drafter: Drafter, predicted: torch.Tensor, target: torch.Tensor, with_ce: bool):
-    """Feature loss, soft CE (None unless `with_ce`) and top-1 agreement with the target, on selected rows."""
+    """Feature loss, and unless `with_ce` is off: soft CE and top-1 agreement with the target, on selected rows.
+    Without CE the logits are skipped entirely: they are most of an MLP head's cost."""
     lv = feature_loss(predicted, target)
+    if not with_ce:
+        return lv, None, None
     head = drafter.head_weight
     with torch.no_grad():
         teacher = target @ head.T
-    with torch.set_grad_enabled(with_ce and torch.is_grad_enabled()):
-        logits = predicted @ head.T
-    lp = soft_cross_entropy(logits, teacher) if with_ce else None
+    logits = predicted @ head.T
+    lp = soft_cross_entropy(logits, teacher)
     with torch.no_grad():
         agree = (logits.argmax(-1) == teacher.argmax(-1)).float().mean() if predicted.shape[0] else torch.zeros(())
     return lv, lp, agree
@@ -89,6 +91,7 @@ def batch_losses(
                 if mlp_ce_on:
                     total = total + w * weights.mlp_ce * lp_i
                 parts[f"lv_mlp{i}"] = lv_i.item()
-                parts[f"acc_mlp{i}"] = agree_i.item()
+                if mlp_ce_on:
+                    parts[f"acc_mlp{i}"] = agree_i.item()
     parts["loss"] = total.item()
     return total, parts

@@ -22,8 +22,8 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         "",
         "## Training",
         f"- Data: `{c['data']}` ({summary['sequences']} conversations, {summary['tokens_per_epoch']:,} tokens per "
-        f"epoch, {summary['assistant_tokens_per_epoch']:,} of them assistant tokens). See `prepare.json` settings in "
-        "the README section \"Train a drafter for your model\".",
+        f"epoch, {summary['assistant_tokens_per_epoch']:,} of them assistant tokens); the commands that made it are in "
+        "the repository README, section \"Train a drafter for your model\".",
         f"- Tokens seen: {summary['tokens_seen']:,}; epochs: {c['epochs']}; steps: {summary['steps']}; "
         f"wall time: {summary['wall_time_s'] / 60:.1f} min on {summary['device']}.",
         f"- Draft vocabulary: {c['draft_vocab'] or 'full'} ids "

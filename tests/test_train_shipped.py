@@ -1,0 +1,58 @@
+"""The shipped SmolLM2-135M drafters: files, shapes that fit the default target, and real speculation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from gumiho.drafters import Drafter
+from gumiho.engine import GenerationConfig
+from gumiho.loader import SHIPPED
+from gumiho.target import DEFAULT_MODEL
+
+# SmolLM2-135M-Instruct (docs: ../shared/spec/platform.md): the shape every drafter for it must have.
+DEFAULT_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+                 "vocab_size": 49152, "rope_theta": 100000.0}
+LAYERS = {"eagle2": 1, "gumiho": 2}
+
+
+def _folder(kind: str):
+    folder = SHIPPED[DEFAULT_MODEL][kind]
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip(f"{folder} is not shipped yet")
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+def test_shipped_drafter_files_fit_the_default_target(kind):
+    folder = _folder(kind)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["kind"] == kind and config["num_layers"] == LAYERS[kind]
+    assert {k: config[k] for k in DEFAULT_SHAPE} == DEFAULT_SHAPE
+    assert (folder / "README.md").read_text().count("Tokens seen") == 1
+    assert (folder / "model.safetensors").stat().st_size < 45e6
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        keys = list(f.keys())
+        assert all(f.get_tensor(k).dtype in (torch.float16, torch.int64) for k in keys)
+    assert not [k for k in keys if "embed" in k or "lm_head" in k]  # the target's weights are never copied
+
+    drafter = Drafter.from_pretrained(folder)
+    vocab = drafter.draft_vocab
+    assert vocab is not None and len(set(vocab.tolist())) == vocab.numel() == config["draft_vocab_size"]
+    assert 0 <= int(vocab.min()) and int(vocab.max()) < DEFAULT_SHAPE["vocab_size"] and 2 in vocab.tolist()
+    shared = torch.zeros(DEFAULT_SHAPE["vocab_size"], DEFAULT_SHAPE["hidden_size"])
+    drafter.attach(shared, shared)  # raises if the shapes do not fit
+    assert drafter.head_weight.shape == (vocab.numel(), DEFAULT_SHAPE["hidden_size"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+def test_shipped_drafter_speculates_on_the_default_target(smollm, kind):
+    _folder(kind)
+    assert smollm.drafter_names[kind].endswith(f"smollm2-135m-{kind}")
+    trace = smollm.generate("Explain what a computer network is.", kind,
+                            GenerationConfig(max_new_tokens=48, trace=False))
+    assert trace.tau > 1.5  # a trained drafter gets several tokens accepted per cycle; a random one gets ~1
