@@ -115,7 +115,7 @@ def ship_main(argv: list[str]) -> int:
     parser = _Parser(prog="python -m gumiho.train ship", description="write a trained run as a drafter folder")
     parser.add_argument("--run", required=True, help="training run folder")
     parser.add_argument("--dest", required=True, help="drafter folder to write")
-    parser.add_argument("--eval", help="JSON from `eval --out` to quote in the model card")
+    parser.add_argument("--eval", action="append", default=[], help="JSON from `eval --out` for the model card (repeatable)")
     args = parser.parse_args(argv)
     print(ship(args.run, args.dest, args.eval))
     return 0

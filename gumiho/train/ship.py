@@ -49,13 +49,23 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ship(run: str | Path, dest: str | Path, evaluation_path: str | Path | None = None) -> Path:
+def merge_evaluations(paths: list[str | Path]) -> dict | None:
+    """Several `eval --out` files as one: chain accuracy from any, tau results from all."""
+    merged: dict = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        merged.setdefault("tau", {}).update(data.pop("tau", {}))
+        merged.update(data)
+    return merged or None
+
+
+def ship(run: str | Path, dest: str | Path, evaluations: list[str | Path] = ()) -> Path:
     run, dest = Path(run), Path(dest)
     if not (run / "train.json").is_file():
         raise GumihoError(f"{run} is not a finished training run (no train.json)")
     summary = json.loads((run / "train.json").read_text())
     drafter = Drafter.from_pretrained(run / "drafter")
     drafter.save_pretrained(dest, dtype=torch.float16)
-    evaluation = json.loads(Path(evaluation_path).read_text()) if evaluation_path else None
+    evaluation = merge_evaluations(list(evaluations))
     (dest / "README.md").write_text(model_card(summary, evaluation, drafter.kind))
     return dest
