@@ -13,7 +13,7 @@ from gumiho.drafters.layers import KVCache
 from gumiho.errors import GumihoError
 from gumiho.train.batches import collate
 from gumiho.train.data import Rendered
-from gumiho.train.evaluate import chain_accuracy, chain_predictions
+from gumiho.train.evaluate import chain_accuracy, chain_predictions, vocab_coverage
 from gumiho.train.features import load_sequences, target_features, write_shard
 from gumiho.train.ship import ship
 from gumiho.train.objective import LossWeights, batch_losses
@@ -116,5 +116,6 @@ def test_chain_predictions_match_step_by_step_drafting(corpus, kind):
                        torch.ones(1, 1, 1, i + 2, dtype=torch.bool), cache)[0, 0]
         assert predicted[i, 0].item() == drafter.top_tokens(h[None], 1)[1].item()
         assert predicted[i, 1].item() == drafter.top_tokens(step2[None], 1)[1].item()
+    assert vocab_coverage(drafter, target, [seq]) == 1.0  # no draft vocabulary: everything can be proposed
     accuracy = chain_accuracy(drafter, target, [seq], depth=3)
     assert all(a >= b for a, b in zip(accuracy, accuracy[1:]))  # a chain can only get shorter

@@ -84,3 +84,18 @@ def test_losses_read_the_right_slots(kind):
             out = drafter.heads(u[None])[0]
             assert parts["lv_mlp0"] == pytest.approx(feature_loss(out, f[p - 1: p]).item(), rel=1e-5)
             assert "lv_mlp1" in parts
+
+
+def test_vocab_coverage_counts_greedy_tokens_inside_the_draft_vocabulary():
+    from gumiho.train.evaluate import vocab_coverage
+
+    target = tiny_target(vocab=32)
+    drafter = random_drafter("eagle2", target)
+    ids = torch.randint(0, 32, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        feats = target.model.model(input_ids=ids).last_hidden_state[0]
+    seq = Sequence(ids[0], torch.tensor([0] * 4 + [1] * 8).bool(), feats.half())
+    greedy = (feats[3:11].half().float() @ target.head_weight.T).argmax(-1)
+    drafter.draft_vocab = greedy[:3].unique()
+    expected = sum(int(g in drafter.draft_vocab.tolist()) for g in greedy.tolist()) / 8
+    assert vocab_coverage(drafter, target, [seq]) == pytest.approx(expected, abs=1e-4)

@@ -81,7 +81,7 @@ def train_main(argv: list[str]) -> int:
 
 def eval_main(argv: list[str]) -> int:
     from ..drafters import Drafter
-    from .evaluate import chain_accuracy, tau_on_prompts
+    from .evaluate import chain_accuracy, tau_on_prompts, vocab_coverage
 
     parser = _Parser(prog="python -m gumiho.train eval", description="held-out chain accuracy and tau of a drafter")
     parser.add_argument("--drafter-dir", required=True, help="drafter folder (config.json + model.safetensors)")
@@ -98,7 +98,9 @@ def eval_main(argv: list[str]) -> int:
     if args.heldout:
         from .features import load_sequences
 
-        results["chain_accuracy"] = chain_accuracy(drafter, target, load_sequences(args.heldout))
+        heldout = load_sequences(args.heldout)
+        results["chain_accuracy"] = chain_accuracy(drafter, target, heldout)
+        results["draft_vocab_coverage"] = vocab_coverage(drafter, target, heldout)
     for path in args.prompts:
         results.setdefault("tau", {})[path] = tau_on_prompts(drafter, target, path, args.limit, args.max_new_tokens)
     text = json.dumps(results, indent=2)

@@ -76,6 +76,22 @@ def chain_accuracy(drafter: Drafter, target: Target, sequences: list[Sequence], 
     return [round(v, 4) for v in hits.cumprod(1).float().mean(0).tolist()]
 
 
+@torch.inference_mode()
+def vocab_coverage(drafter: Drafter, target: Target, sequences: list[Sequence]) -> float:
+    """Share of the target's greedy tokens at assistant positions that the draft vocabulary can propose at all:
+    an upper bound on every draft step's acceptance."""
+    if drafter.draft_vocab is None:
+        return 1.0
+    allowed = torch.zeros(target.vocab_size, dtype=torch.bool)
+    allowed[drafter.draft_vocab.cpu()] = True
+    hits = total = 0
+    for seq in sequences:
+        predicting = seq.loss_mask[1:]  # feature j predicts token j + 1
+        greedy = (seq.features[:-1][predicting].float() @ target.head_weight.float().cpu().T).argmax(-1)
+        hits, total = hits + int(allowed[greedy].sum()), total + greedy.numel()
+    return round(hits / max(total, 1), 4)
+
+
 def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, max_new_tokens: int = 128) -> dict:
     """Mean tau (tokens per cycle) over prompts at T = 0 with the method's default tree."""
     from ..__main__ import read_prompts

@@ -42,6 +42,9 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
             acc = evaluation["chain_accuracy"]
             lines.append("- Held-out chain accuracy, depth 1..7 (draft tokens = target's greedy tokens, "
                          "each step fed the draft's own features): " + ", ".join(f"{a:.3f}" for a in acc))
+        if "draft_vocab_coverage" in evaluation:
+            lines.append(f"- Draft vocabulary coverage of the target's greedy tokens on held-out replies: "
+                         f"{100 * evaluation['draft_vocab_coverage']:.1f}% (an upper bound on per-step acceptance).")
         for path, tau in evaluation.get("tau", {}).items():
             lines.append(f"- tau on `{Path(path).name}` ({tau['prompts']} prompts, T=0, default CPU tree, "
                          f"{evaluation.get('max_new_tokens', 128)} new tokens): mean {tau['tau_mean']:.2f}, "
