@@ -5,7 +5,7 @@ Definitions (printed by the CLI and written into the results):
                  (new_tokens - 1) / cycles (the prefill forward emits the first token). AR: 1. Averaged over prompts.
   speedup        per prompt, the method's tokens/s over AR's tokens/s on the same prompt, temperature and seed in
                  the same run (methods interleaved); then the mean of those ratios. tokens/s = new_tokens / wall
-                 time of the whole generation, prefill included.
+                 time of the whole generation, prefill included. vs_eagle2: the same against EAGLE-2.
   accept_d       per-position acceptance: among cycles whose tree reached depth d, the share that accepted at
                  least d draft tokens (so accept_1 >= accept_2 >= ...).
   chain_d        getkacc-style chain accuracy: among cycles whose tree reached depth d and that accepted the
@@ -85,11 +85,14 @@ def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: Gene
 
 
 def add_speedups(per_prompt: pd.DataFrame) -> pd.DataFrame:
-    """Add `speedup`: each row's tokens/s over the AR row with the same dataset, question, turn, temperature, seed."""
-    ar = per_prompt[per_prompt["method"] == "ar"][KEYS + ["tokens_per_s"]].rename(columns={"tokens_per_s": "ar_tps"})
-    merged = per_prompt.drop(columns=["speedup"], errors="ignore").merge(ar, on=KEYS, how="left")
-    merged["speedup"] = merged["tokens_per_s"] / merged["ar_tps"]
-    return merged.drop(columns="ar_tps")
+    """Add `speedup` (tokens/s over AR's) and `vs_eagle2` (over EAGLE-2's), each against the row of the same
+    dataset, question, turn, temperature and seed; NaN where that method did not run."""
+    out = per_prompt.drop(columns=["speedup", "vs_eagle2"], errors="ignore")
+    for reference, column in (("ar", "speedup"), ("eagle2", "vs_eagle2")):
+        ref = per_prompt[per_prompt["method"] == reference][KEYS + ["tokens_per_s"]]
+        out = out.merge(ref.rename(columns={"tokens_per_s": "_ref"}), on=KEYS, how="left")
+        out[column] = out["tokens_per_s"] / out.pop("_ref")
+    return out
 
 
 def summarize(per_prompt: pd.DataFrame, depths: int = DEPTHS) -> pd.DataFrame:
@@ -100,6 +103,7 @@ def summarize(per_prompt: pd.DataFrame, depths: int = DEPTHS) -> pd.DataFrame:
         prompts=("tau", "size"),
         tau=("tau", "mean"),
         speedup=("speedup", "mean"),
+        vs_eagle2=("vs_eagle2", "mean"),
         tokens_per_s=("tokens_per_s", "mean"),
         new_tokens=("new_tokens", "mean"),
         same_as_ar=("same_as_ar", lambda s: s.dropna().astype(float).mean()),

@@ -9,12 +9,13 @@ Files in the results folder (default `assets/bench/`), all named after the run (
                            maps a method to {"method", "settings", "candidates", "cost_curve"} (empty when the
                            tree size was not chosen automatically)
   <name>.summary.csv       one row per (temperature, method, dataset), dataset "mean" = mean of the dataset rows:
-                           prompts, tau, speedup, tokens_per_s, new_tokens, same_as_ar, agreement, total_tokens,
-                           top_k, prefill/draft/verify/other_share, fta_cycle_share, accept_1..7, chain_1..7
+                           prompts, tau, speedup, vs_eagle2, tokens_per_s, new_tokens, same_as_ar,
+                           agreement, total_tokens, top_k, prefill/draft/verify/other_share, fta_cycle_share,
+                           accept_1..7, chain_1..7
   <name>.per_prompt.csv    one row per (dataset, question_id, turn, temperature, seed, method): new_tokens, cycles,
-                           tau, wall_s, tokens_per_s, speedup, prefill/draft/verify/other_ms (summed over cycles),
-                           top_k, total_tokens, fta, fta_cycles, finish_reason, same_as_ar, agreement, and the
-                           acceptance counts reach_d / open_d / hit_d (d = 1..7; see metrics.acceptance_counts)
+                           tau, wall_s, tokens_per_s, speedup, vs_eagle2, prefill/draft/verify/other_ms
+                           (summed over cycles), top_k, total_tokens, fta, fta_cycles, finish_reason,
+                           same_as_ar, agreement, and the acceptance counts reach_d / open_d / hit_d (d = 1..7; see metrics.acceptance_counts)
   <name>.profile.csv       mean ms per cycle of each part, per method (see gumiho/bench/breakdown.py)
   <name>.md                the Markdown tables (speed-up and tau per task, acceptance, FTA, time split, profile,
                            cost curve, automatic tree sizes)
@@ -84,16 +85,17 @@ def detail_tables(summary: pd.DataFrame, temperature: float) -> dict[str, pd.Dat
     mean = summary[(summary["temperature"] == temperature) & (summary["dataset"] == "mean")].copy()
     mean["method"] = mean["method"].map(lambda m: NAMES.get(m, m))
     mean = mean.set_index("method")
+    drafted = mean.drop(index=NAMES["ar"], errors="ignore")
     return {
         "throughput and time split (mean over tasks)": _fmt(mean[[
-            "tokens_per_s", "speedup", "tau", "total_tokens", "top_k", "prefill_share", "draft_share",
+            "tokens_per_s", "speedup", "vs_eagle2", "tau", "total_tokens", "top_k", "prefill_share", "draft_share",
             "verify_share", "other_share"]].reset_index()),
         "per-position acceptance accept_d (mean over tasks)": _fmt(
-            mean[[f"accept_{d}" for d in range(1, DEPTHS + 1)]].drop(index=NAMES["ar"], errors="ignore").reset_index()),
+            drafted[[f"accept_{d}" for d in range(1, DEPTHS + 1)]].reset_index()),
         "chain accuracy chain_d (mean over tasks)": _fmt(
-            mean[[f"chain_{d}" for d in range(1, DEPTHS + 1)]].drop(index=NAMES["ar"], errors="ignore").reset_index()),
+            drafted[[f"chain_{d}" for d in range(1, DEPTHS + 1)]].reset_index()),
         "equality with AR (T = 0) and FTA use": _fmt(
-            mean[["same_as_ar", "agreement", "fta_cycle_share"]].drop(index=NAMES["ar"], errors="ignore").reset_index()),
+            drafted[["same_as_ar", "agreement", "fta_cycle_share"]].reset_index()),
     }
 
 
