@@ -15,7 +15,8 @@ Files in the results folder (default `assets/bench/`), all named after the run (
   <name>.per_prompt.csv    one row per (dataset, question_id, turn, temperature, seed, method): new_tokens, cycles,
                            tau, wall_s, tokens_per_s, speedup, vs_eagle2, prefill/draft/verify/other_ms
                            (summed over cycles), top_k, total_tokens, fta, fta_cycles, finish_reason,
-                           same_as_ar, agreement, and the acceptance counts reach_d / open_d / hit_d (d = 1..7; see metrics.acceptance_counts)
+                           same_as_ar, agreement, and the acceptance counts reach_d / open_d / hit_d
+                           (d = 1..7; see metrics.acceptance_counts)
   <name>.profile.csv       mean ms per cycle of each part, per method (see gumiho/bench/breakdown.py)
   <name>.md                the Markdown tables (speed-up and tau per task, acceptance, FTA, time split, profile,
                            cost curve, automatic tree sizes)
