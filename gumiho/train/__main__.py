@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from dataclasses import MISSING, fields
 
 from ..errors import GumihoError
@@ -74,6 +75,11 @@ def train_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     config = _config(TrainConfig, args)
+    if config.drafter not in ("eagle2", "gumiho"):
+        raise GumihoError(f"--drafter must be eagle2 or gumiho, not {config.drafter!r}")
+    missing = [folder for folder in config.data.split(",") if not Path(folder).is_dir()]
+    if missing:
+        raise GumihoError(f"no feature folder {missing[0]}; run `python -m gumiho.train prepare` first")
     run = train(config, _target(args))
     print(run)
     return 0

@@ -1,0 +1,28 @@
+"""Bad input to `python -m gumiho.train`: one line on stderr, non-zero exit, before any model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from gumiho.train.__main__ import main
+
+
+def _exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        return int(exc.code)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--drafter", "medusa", "--data", ".", "--out", "x"], "--drafter must be eagle2 or gumiho"),
+    (["--drafter", "eagle2", "--data", "no/such/folder", "--out", "x"], "no feature folder no/such/folder"),
+    (["--drafter", "eagle2"], "required"),
+    (["prepare", "--out", "x", "--split", "test"], "--split must be train or heldout"),
+    (["ship", "--run", "no/such/run", "--dest", "x"], "not a finished training run"),
+])
+def test_bad_input_is_one_line_and_non_zero(capsys, argv, message):
+    code = _exit_code(argv)
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert message in err and len(err.splitlines()) == 1
