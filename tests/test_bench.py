@@ -13,6 +13,7 @@ import pytest
 
 from gumiho.bench.__main__ import bench_settings, build_parser, execute
 from gumiho.bench.__main__ import main as bench_main
+from gumiho.bench.harness import VARIANTS, BenchSettings, make_variants, run_bench
 from gumiho.bench.metrics import acceptance_counts, add_speedups, prefix_agreement, prompt_row, summarize
 from gumiho.bench.tree_size import (
     Calibration, CostCurve, accepted_prefix_ranks, auto_tree, calibrate, expected_tau, rank_candidates,
@@ -204,6 +205,24 @@ def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
     assert "## FTA trade-off (T = 0)" in markdown and "## Verification cost curve" in markdown
     header = "| Method | MT-Bench speed-up | MT-Bench τ | GSM8K speed-up | GSM8K τ | Mean speed-up | Mean τ |"
     assert header in markdown
+
+
+def test_run_matrix_both_turns_temperatures_and_seeds(tmp_path):
+    engine = tiny_engine()
+    engine.target.tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1{% endif %}")
+    data = tmp_path / "two.jsonl"
+    data.write_text(json.dumps({"question_id": 7, "turns": ["w2 w3", "w4 w5"]}) + "\n")
+    settings = BenchSettings(datasets=[str(data)], max_new_tokens=4, temperatures=(0.0, 1.0), seeds=(0, 1),
+                             warmup=0, both_turns=True)
+    trees = {m: TreeSettings.default(m) for m in ("eagle2", "gumiho")}
+    rows = run_bench(engine, make_variants(list(VARIANTS), trees), settings, progress=False)
+    runs = rows.groupby(["temperature", "seed", "turn"])["method"].apply(sorted).to_dict()
+    # T = 0 runs once (greedy ignores the seed) with FTA; T = 1 runs per seed, without the FTA variant.
+    assert runs == {(0.0, 0, 1): sorted(VARIANTS), (0.0, 0, 2): sorted(VARIANTS),
+                    **{(1.0, s, t): ["ar", "eagle2", "gumiho"] for s in (0, 1) for t in (1, 2)}}
+    assert set(rows["dataset"]) == {"two"} and rows[rows["temperature"] == 1.0]["same_as_ar"].isna().all()
+    assert rows[(rows["temperature"] == 0.0) & (rows["method"].isin(["eagle2", "gumiho"]))]["same_as_ar"].all()
 
 
 @pytest.mark.parametrize("args,message", [
