@@ -209,8 +209,8 @@ def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
 
 def test_run_matrix_both_turns_temperatures_and_seeds(tmp_path):
     engine = tiny_engine()
-    engine.target.tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w1{% endif %}")
+    engine.target.tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                                             "{% if add_generation_prompt %}w1{% endif %}")
     data = tmp_path / "two.jsonl"
     data.write_text(json.dumps({"question_id": 7, "turns": ["w2 w3", "w4 w5"]}) + "\n")
     settings = BenchSettings(datasets=[str(data)], max_new_tokens=4, temperatures=(0.0, 1.0), seeds=(0, 1),
