@@ -22,10 +22,10 @@ class Recording:
     fta: bool
 
 
-RECORDINGS = [
-    Recording("photosynthesis", PROMPTS[0], fta=False),
-    Recording("palindrome", PROMPTS[1], fta=True),
-    Recording("haiku", PROMPTS[2], fta=False),
+RECORDINGS = [  # the app opens on the first one
+    Recording("1-photosynthesis", PROMPTS[0], fta=False),
+    Recording("2-palindrome-fta", PROMPTS[1], fta=True),
+    Recording("3-haiku", PROMPTS[2], fta=False),
 ]
 
 
@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     engine = load_default_engine(lambda phase: logging.info("engine: %s", phase))
     device = engine.target.device.type
+    shutil.rmtree(TRACES, ignore_errors=True)
     for recording in RECORDINGS:
         settings = RunSettings(max_new_tokens=args.max_new_tokens, fta=recording.fta)
         configs = {m: s.config(m, device) for m, s in race_settings(settings).items()}
         traces = list(race(engine, recording.prompt, configs, Control()))[-1]
         folder = TRACES / recording.name
-        shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         for trace in traces:
             (folder / f"{trace.method}.json").write_text(trace.to_json(), encoding="utf-8")

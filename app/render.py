@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from itertools import groupby
+from pathlib import Path
 
 import pandas as pd
 
@@ -80,7 +81,7 @@ def trace_summary(trace: GenerationTrace) -> str:
     seconds = elapsed_s(trace)
     rate = len(token_ids(trace)) / seconds if seconds else 0.0
     finish = f" · finished: {trace.finish_reason}" if trace.finish_reason else " · running…"
-    drafter = f" · drafter `{trace.drafter}`" if trace.drafter else ""
+    drafter = f" · drafter `{Path(trace.drafter).name}`" if trace.drafter else ""
     return (f"**{method_name(trace.method)}** · {len(token_ids(trace))} tokens in {trace.cycles} cycles · "
             f"τ {_tau(trace):.2f} · {rate:.1f} tokens/s · T={temperature}"
             f"{' · tree: ' + shape if shape else ''}{fta}{drafter}{finish}")

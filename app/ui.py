@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
 
 from gumiho.errors import GumihoError
 from gumiho.trace import CycleTrace, GenerationTrace, TraceError
@@ -74,8 +75,8 @@ class CycleView:
 
     output: str
     caption: str
-    tree: Any
-    paths: Any
+    tree: go.Figure
+    paths: pd.DataFrame
 
     @classmethod
     def of(cls, trace: GenerationTrace | None, k: int) -> CycleView:
@@ -223,14 +224,11 @@ class Handlers:
             return [failure(exc), *skips(EXPLORE_VIEW + 2)]
 
     def method_defaults(self, method: str) -> list:
-        """The method's default tree in the advanced panel; fields the method does not use are greyed out."""
-        defaults = tree_defaults("gumiho" if method == "ar" else method)
-        used = {
-            "gumiho": set(TREE_FIELDS),
-            "eagle2": {"top_k", "depth", "total_tokens"},
-            "ar": set(),
-        }.get(method, set())
-        return [gr.update(value=defaults[name], interactive=name in used) for name in TREE_FIELDS]
+        """The method's default tree in the advanced panel; fields it does not use keep their value, greyed out."""
+        used = {"gumiho": TREE_FIELDS, "eagle2": ("top_k", "depth", "total_tokens")}.get(method, ())
+        defaults = tree_defaults(method) if used else {}
+        return [gr.update(value=defaults[name], interactive=True) if name in used else gr.update(interactive=False)
+                for name in TREE_FIELDS]
 
     # Race ------------------------------------------------------------------------------------------------------
 
@@ -291,7 +289,7 @@ class Handlers:
 # ---------------------------------------------------------------------------------------------- layout
 
 
-def _tree_inputs(method: str) -> list[Any]:
+def _tree_inputs(method: str) -> list[gr.components.Component]:
     defaults = tree_defaults(method)
     return [
         gr.Slider(1, 10, value=defaults["top_k"], step=1, label="top-k (candidates per expanded node)"),

@@ -13,6 +13,7 @@ from app.lesson import lesson_parts
 from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, throttle
 from app.style import source_color, source_name, token_label
 from app.theory import Chain
+from app.ui import TREE_FIELDS, Handlers
 from gumiho.errors import GumihoError
 from gumiho.trace import TraceError
 
@@ -337,3 +338,15 @@ def test_sessions_stop_only_their_own_run():
 def test_token_labels_show_whitespace():
     assert token_label(" hi") == "␣hi" and token_label("\n") == "⏎" and token_label("") == "∅"
     assert len(token_label("x" * 40)) == 10
+
+
+def test_switching_method_keeps_every_tree_field_in_range():
+    handlers = Handlers(loader=None, sessions=Sessions(), examples=[])
+    for method in ("eagle2", "ar", "gumiho"):
+        updates = dict(zip(TREE_FIELDS, handlers.method_defaults(method)))
+        for name, update in updates.items():
+            if name != "fta" and "value" in update:
+                assert update["value"] >= 1, (method, name, update)
+    eagle = dict(zip(TREE_FIELDS, handlers.method_defaults("eagle2")))
+    assert eagle["mlptopk"] == {"__type__": "update", "interactive": False}
+    assert eagle["depth"]["value"] == 5 and eagle["depth"]["interactive"]

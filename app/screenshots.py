@@ -1,0 +1,45 @@
+"""Screenshots of each tab for the README, taken with Playwright and Debian's Chromium from a running app:
+
+    python app.py --port 7860 &
+    python -m app.screenshots --url http://127.0.0.1:7860/      # writes assets/screenshots/<tab>.png
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
+TABS = {"Explore": "explore", "Race": "race", "Benchmarks": "benchmarks", "How it works": "how-it-works"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.screenshots", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:7860/")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--out", type=Path, default=SCREENSHOTS)
+    parser.add_argument("--height", type=int, default=1800, help="crop each page to this many pixels")
+    args = parser.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(args.url)
+        page.get_by_text("Model ready", exact=False).first.wait_for(timeout=600_000)
+        for tab, name in TABS.items():
+            page.get_by_role("tab", name=tab, exact=True).click()
+            page.wait_for_timeout(2500)  # let Plotly draw
+            height = min(args.height, page.evaluate("document.documentElement.scrollHeight"))
+            path = args.out / f"{name}.png"
+            page.screenshot(path=str(path), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": height})
+            print(path)
+        browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
