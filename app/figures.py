@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from gumiho.trace import CycleTrace, GenerationTrace, TraceNode
 
-from .analysis import accepted_path, timeline, tokens_per_cycle
+from .analysis import timeline, tokens_per_cycle
 from .style import (
     ACCEPTED_COLOR,
     BONUS_COLOR,
@@ -241,8 +241,8 @@ def chain_figure(terms: list[float], gradient: list[float]) -> go.Figure:
     ks = list(range(1, len(terms) + 1))
     fig = go.Figure()
     fig.add_trace(go.Bar(x=ks, y=terms, name="Π_{i≤k} p_i  (term k of τ)", marker_color="#60a5fa"))
-    fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p_k  (value of improving position k)", mode="lines+markers",
-                             line=dict(color="#e76f51", width=3)))
+    fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p_k  (value of improving position k)",
+                             mode="lines+markers", line=dict(color="#e76f51", width=3)))
     fig.update_xaxes(title="draft position k", dtick=1)
     fig.update_yaxes(rangemode="tozero", gridcolor="#eee")
     return _base_layout(fig, "Each term of τ, and the payoff of improving each position", 340)

@@ -98,8 +98,10 @@ def cycle_markdown(cycle: CycleTrace) -> str:
     accepted = [nodes[i] for i in cycle.accepted_nodes[1:] if i in nodes]
     got = ", ".join(f"`{token_label(n.text, 16)}` ({n.source})" for n in accepted) or "none"
     fta = " The accepted path went through an FTA-borrowed position." if cycle.fta_used else ""
-    return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{'s' if cycle.tree_size != 1 else ''}"
-            f" in one target forward · accepted draft tokens: {got} · bonus: `{token_label(cycle.bonus_text, 16)}` · "
+    plural = "s" if cycle.tree_size != 1 else ""
+    bonus = token_label(cycle.bonus_text, 16)
+    return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{plural} in one target forward · "
+            f"accepted draft tokens: {got} · bonus: `{bonus}` · "
             f"emitted {len(cycle.emitted)} · draft {cycle.draft_ms:.0f} ms, verify {cycle.verify_ms:.0f} ms, "
             f"other {cycle.other_ms:.0f} ms.{fta}")
 

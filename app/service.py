@@ -7,6 +7,7 @@ traces, is served before the model has loaded.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 METHODS = ("gumiho", "eagle2", "ar")
 RACE_ORDER = ("eagle2", "gumiho", "ar")
 MAX_NEW_TOKENS = 512
+TRACE_FILES = Path(tempfile.gettempdir()) / "gumiho-app-traces"
+KEEP_TRACES_S = 3600
 T = TypeVar("T")
 
 
@@ -239,9 +242,15 @@ def throttle(items: Iterable[T], every_s: float) -> Iterator[T]:
         yield item
 
 
-def save_traces(traces: list[GenerationTrace]) -> list[str]:
-    """Write traces as JSON files for download; returns their paths."""
-    folder = Path(tempfile.mkdtemp(prefix="gumiho-traces-"))
+def save_traces(traces: list[GenerationTrace], root: Path = TRACE_FILES) -> list[str]:
+    """Write traces as JSON files for download; returns their paths. Files older than KEEP_TRACES_S are removed,
+    so a long-running server does not fill its disk."""
+    root.mkdir(parents=True, exist_ok=True)
+    cutoff = time.time() - KEEP_TRACES_S
+    for old in root.iterdir():
+        if old.stat().st_mtime < cutoff:
+            shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=root))
     paths = []
     for trace in traces:
         path = folder / f"trace-{trace.method}.json"

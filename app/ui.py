@@ -204,7 +204,8 @@ class Handlers:
             return [gr.skip(), *skips(4), False, gr.Timer(active=False), gr.Button(PLAY)]
         k = min(int(cycle) + 1, steps - 1)
         running = k < steps - 1
-        return [k, *CycleView.of(trace, k).values(), running, gr.Timer(active=running), gr.Button(PAUSE if running else PLAY)]
+        button = gr.Button(PAUSE if running else PLAY)
+        return [k, *CycleView.of(trace, k).values(), running, gr.Timer(active=running), button]
 
     def pick_example(self, key: str) -> list:
         name, _, method = (key or "").partition("/")
@@ -218,8 +219,8 @@ class Handlers:
             if not path:
                 raise TraceError("no file received")
             trace = read_trace(path)
-            return [f"Replaying the uploaded trace of {method_name(trace.method)}.", *ExploreView.of(trace).values(), trace,
-                    gr.skip()]
+            note = f"Replaying the uploaded trace of {method_name(trace.method)}."
+            return [note, *ExploreView.of(trace).values(), trace, gr.skip()]
         except Exception as exc:
             return [failure(exc), *skips(EXPLORE_VIEW + 2)]
 
@@ -281,8 +282,8 @@ class Handlers:
         terms, grads = chain.terms(), chain.gradient()
         best = max(range(len(grads)), key=grads.__getitem__) + 1
         summary = (f"**τ_draft = {chain.tau:.3f}** accepted draft tokens per cycle, so **{1 + chain.tau:.3f}** tokens "
-                   f"per target forward. Raising p_k by 0.01 adds about 0.01 × ∂τ/∂p_k; the best position to improve "
-                   f"here is **k = {best}** (∂τ/∂p = {grads[best - 1]:.2f}).")
+                   f"per target forward. Raising p_k by 0.01 adds about 0.01 × ∂τ/∂p_k; the best position to "
+                   f"improve here is **k = {best}** (∂τ/∂p = {grads[best - 1]:.2f}).")
         return [summary, figures.chain_figure(terms, grads)]
 
 
@@ -293,7 +294,8 @@ def _tree_inputs(method: str) -> list[gr.components.Component]:
     defaults = tree_defaults(method)
     return [
         gr.Slider(1, 10, value=defaults["top_k"], step=1, label="top-k (candidates per expanded node)"),
-        gr.Slider(1, 8, value=defaults["depth"], step=1, label="depth (EAGLE-2: expansions; Gumiho: draft depth − 1)"),
+        gr.Slider(1, 8, value=defaults["depth"], step=1,
+                  label="depth (EAGLE-2: expansions; Gumiho: draft depth − 1)"),
         gr.Slider(2, 64, value=defaults["total_tokens"], step=1, label="total tokens verified per cycle (root incl.)"),
         gr.Slider(1, 16, value=defaults["mlptopk"], step=1, label="Gumiho: mlptopk (candidates per MLP head)"),
         gr.Slider(1, 16, value=defaults["pruning"], step=1, label="Gumiho: pruning (nodes kept per MLP depth)"),
@@ -309,7 +311,7 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
     explore_trace = first.trace("gumiho") if first and any(t.method == "gumiho" for t in first.traces) else (
         first.traces[0] if first else None)
 
-    with gr.Blocks(title="Gumiho speculative decoding explorer") as demo:
+    with gr.Blocks(title="Gumiho speculative decoding explorer", delete_cache=(3600, 3600)) as demo:
         gr.Markdown("# Gumiho: speculative decoding you can watch\n"
                     "A small drafter guesses several tokens as a tree; the target model checks the whole tree in "
                     "one forward pass and keeps the longest correct guess plus one token of its own. Pick a cycle to "

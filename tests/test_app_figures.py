@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -10,7 +11,7 @@ from app import analysis, figures, render
 from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
-from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, throttle
+from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, save_traces, throttle
 from app.style import source_color, source_name, token_label
 from app.theory import Chain
 from app.ui import TREE_FIELDS, Handlers
@@ -333,6 +334,15 @@ def test_sessions_stop_only_their_own_run():
         assert sessions.stop("a")
         assert a.stopped and not b.stopped
     assert not sessions.stop("a")
+
+
+def test_saved_traces_round_trip_and_old_files_are_pruned(tmp_path):
+    old = tmp_path / "run-old"
+    old.mkdir()
+    os.utime(old, (0, 0))
+    paths = save_traces([gumiho_trace(), ar_trace()], root=tmp_path)
+    assert [read_trace(p).method for p in paths] == ["gumiho", "ar"]
+    assert not old.exists()
 
 
 def test_token_labels_show_whitespace():
