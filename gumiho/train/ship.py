@@ -46,7 +46,7 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
             lines.append(f"- Draft vocabulary coverage of the target's greedy tokens on held-out replies: "
                          f"{100 * evaluation['draft_vocab_coverage']:.1f}% (an upper bound on per-step acceptance).")
         for path, tau in evaluation.get("tau", {}).items():
-            lines.append(f"- tau on `{Path(path).name}` ({tau['prompts']} prompts, T=0, default CPU tree, "
+            lines.append(f"- tau on `{Path(path).parent.name}/{Path(path).name}` ({tau['prompts']} prompts, T=0, default CPU tree, "
                          f"{evaluation.get('max_new_tokens', 128)} new tokens): mean {tau['tau_mean']:.2f}, "
                          f"pooled {tau['tau_pooled']:.2f}")
     return "\n".join(lines) + "\n"
