@@ -103,8 +103,11 @@ def generate_main(args: argparse.Namespace) -> int:
         from .bench.tree_size import TOP_KS, cached_auto_tree
 
         top_ks = (args.tree_top_k,) if args.tree_top_k else TOP_KS
-        tree = cached_auto_tree(engine, args.method, tree, top_ks).settings
-        print(f"[auto tree] top_k {tree.top_k}, total_tokens {tree.total_tokens}", file=sys.stderr)
+        choice = cached_auto_tree(engine, args.method, tree, top_ks)
+        tree, best = choice.settings, choice.candidates[0]
+        print(f"[auto tree] top_k {tree.top_k}, total_tokens {tree.total_tokens}, predicted {best.speedup:.2f}x "
+              "the AR loop" + (" (slower: the drafter is not accurate enough here)" if best.speedup < 1 else ""),
+              file=sys.stderr)
     config = replace(base, tree=tree)
     for prompt in prompts:
         trace = engine.generate(prompt, args.method, config)

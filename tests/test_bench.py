@@ -169,7 +169,7 @@ def test_generate_cli_total_tokens_auto(monkeypatch, tmp_path, capsys):
     for _ in range(2):  # the second call reads the cache
         assert main(["generate", "--prompt", "w1 w2", "--method", "eagle2", "--total-tokens", "auto",
                      "--tree-top-k", "3", "--max-new-tokens", "4"]) == 0
-        assert "[auto tree] top_k 3, total_tokens " in capsys.readouterr().err
+        assert "[auto tree] top_k 3, total_tokens " in capsys.readouterr().err  # and the predicted speed-up
     assert len(json.loads((tmp_path / "auto_tree.json").read_text())) == 1
 
 

@@ -36,7 +36,7 @@ from ..target import Target, cache_root
 from ..trace import CycleTrace
 from ..tree import TreeSettings
 
-SIZES = (8, 12, 16, 20, 24, 32, 40, 48)
+SIZES = (2, 4, 8, 12, 16, 20, 24, 32, 40, 48)
 TOP_KS = (3, 4, 6)
 CALIBRATION_PROMPTS = (
     "Describe how a bicycle works, part by part.",
