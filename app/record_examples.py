@@ -23,7 +23,7 @@ class Recording:
 
 
 RECORDINGS = [  # the app opens on the first one
-    Recording("1-photosynthesis", PROMPTS[0], fta=False),
+    Recording("1-study-tips", PROMPTS[3], fta=False),
     Recording("2-palindrome-fta", PROMPTS[1], fta=True),
     Recording("3-haiku", PROMPTS[2], fta=False),
 ]

@@ -136,6 +136,12 @@ def showcase_cycle(trace: GenerationTrace) -> CycleTrace | None:
     return max(trace.steps, key=key, default=None)
 
 
+def showcase_index(trace: GenerationTrace) -> int | None:
+    """The showcase cycle's index (None: the last cycle), for opening a recorded run where something happens."""
+    cycle = showcase_cycle(trace)
+    return cycle.index if cycle else None
+
+
 # ---------------------------------------------------------------------------------------------- handlers
 
 
@@ -212,7 +218,8 @@ class Handlers:
         example = next((e for e in self.examples if e.name == name), None)
         if example is None:
             return ["⚠ No such example.", *skips(EXPLORE_VIEW + 2)]
-        return ["", *ExploreView.of(example.trace(method)).values(), example.trace(method), str(example.path(method))]
+        trace = example.trace(method)
+        return ["", *ExploreView.of(trace, showcase_index(trace)).values(), trace, str(example.path(method))]
 
     def upload(self, path: str | None) -> list:
         try:
@@ -325,7 +332,8 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
             with gr.Tab("Explore"):
                 with gr.Row():
                     with gr.Column(scale=3):
-                        prompt = gr.Textbox(label="Prompt", lines=3, value=PROMPTS[0])
+                        prompt = gr.Textbox(label="Prompt", lines=3,
+                                            value=explore_trace.prompt if explore_trace else PROMPTS[0])
                         gr.Examples([[p] for p in PROMPTS], inputs=[prompt], label="Example prompts")
                     with gr.Column(scale=2):
                         method = gr.Radio(METHOD_CHOICES, value="gumiho", label="Method")
@@ -343,7 +351,7 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
                     upload = gr.UploadButton("Replay a trace (JSON)", file_types=[".json"])
                 pick = gr.Dropdown([c for e in examples for c in e.choices()], label="Recorded examples",
                                    value=f"{first.name}/{explore_trace.method}" if first else None)
-                view = ExploreView.of(explore_trace)
+                view = ExploreView.of(explore_trace, showcase_index(explore_trace) if explore_trace else None)
                 message = gr.Markdown(label="message")
                 summary = gr.Markdown(view.summary, label="summary")
                 legend = gr.HTML(view.legend, label="legend")
@@ -363,10 +371,13 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
             with gr.Tab("Race"):
                 gr.Markdown("One prompt through **EAGLE-2, Gumiho and AR**, one after the other (never at the same "
                             "time, so the timings stay honest). EAGLE-2 and Gumiho get the same verification "
-                            "budget: the same total tokens and top-k.")
+                            "budget: the same total tokens and top-k. The recorded races below were timed on a shared "
+                            "2-core CPU, so their timings move with whatever else ran; race your own prompt to see "
+                            "this machine now.")
                 with gr.Row():
                     with gr.Column(scale=3):
-                        race_prompt = gr.Textbox(label="Race prompt", lines=2, value=PROMPTS[0])
+                        race_prompt = gr.Textbox(label="Race prompt", lines=2,
+                                                 value=first.prompt if first else PROMPTS[0])
                         gr.Examples([[p] for p in PROMPTS], inputs=[race_prompt], label="Example prompts")
                     with gr.Column(scale=2):
                         race_temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
