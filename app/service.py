@@ -227,19 +227,42 @@ def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig],
         done.append(trace)
 
 
-def throttle(items: Iterable[T], every_s: float) -> Iterator[T]:
-    """Pass items on at most once per `every_s` seconds, always including the last one."""
-    last = float("-inf")
-    pending = False
-    item = None
-    for item in items:
-        pending = True
-        now = time.monotonic()
-        if now - last >= every_s:
-            last, pending = now, False
-            yield item
-    if pending:
-        yield item
+def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iterator[T]:
+    """Iterate `items` (an engine run) in a thread of its own and yield the newest item at most every `every_s`
+    seconds, then the last one. The run never waits for the page, so drawing does not count in its wall time.
+    If the consumer goes away (a closed tab), `stop()` ends the run before the engine is free for someone else."""
+    latest: list[T] = []
+    made = 0
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def produce() -> None:
+        nonlocal made
+        try:
+            for item in items:
+                latest[:] = [item]
+                made += 1
+        except BaseException as exc:  # handed to the consumer below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=produce, name="engine-run", daemon=True)
+    worker.start()
+    shown = 0
+    try:
+        while not done.wait(every_s):
+            if made != shown:
+                shown = made
+                yield latest[0]
+        if errors:
+            raise errors[0]
+        if made != shown:
+            yield latest[0]
+    finally:
+        if not done.is_set():
+            stop()
+        worker.join()
 
 
 def save_traces(traces: list[GenerationTrace], root: Path = TRACE_FILES) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 
 import gradio as gr
@@ -32,8 +33,8 @@ from .service import (
     race_settings,
     read_trace,
     save_traces,
+    follow,
     stream,
-    throttle,
     tree_defaults,
 )
 from .style import CSS, method_name
@@ -41,7 +42,8 @@ from .theory import Chain
 
 log = logging.getLogger(__name__)
 
-STREAM_EVERY_S = 0.25
+STREAM_EVERY_S = 0.3
+RACE_EVERY_S = 1.0
 PLAY_EVERY_S = 0.9
 PLAY, PAUSE = "▶ Play", "⏸ Pause"
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
@@ -178,8 +180,9 @@ class Handlers:
             engine = self.loader.engine
             yield [f"Generating with {method_name(method)}…", *skips(width)]
             trace = None
-            with self.sessions.control(request.session_hash) as control:
-                for trace in throttle(stream(engine, prompt, method, config, control), STREAM_EVERY_S):
+            with self.sessions.control(request.session_hash) as control, closing(
+                    follow(stream(engine, prompt, method, config, control), STREAM_EVERY_S, control.stop)) as updates:
+                for trace in updates:
                     yield ["", *ExploreView.of(trace).values(), trace, gr.skip()]
             done = f"Done: {render.trace_summary(trace)}" if trace.finish_reason != "stopped" else "Stopped."
             yield [done, *ExploreView.of(trace).values(), trace, save_traces([trace])[0]]
@@ -251,8 +254,9 @@ class Handlers:
                 yield [waiting, *skips(width)]
             engine = self.loader.engine
             traces: list[GenerationTrace] = []
-            with self.sessions.control(request.session_hash) as control:
-                for traces in throttle(race(engine, prompt, configs, control), STREAM_EVERY_S):
+            with self.sessions.control(request.session_hash) as control, closing(
+                    follow(race(engine, prompt, configs, control), RACE_EVERY_S, control.stop)) as updates:
+                for traces in updates:
                     running = method_name(traces[-1].method)
                     yield [f"Racing: {running} ({len(traces)} of {len(RACE_ORDER)})…", *race_view(traces), traces,
                            gr.skip()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
@@ -11,7 +12,7 @@ from app import analysis, figures, render
 from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
-from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, save_traces, throttle
+from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, save_traces, follow
 from app.style import source_color, source_name, token_label
 from app.theory import Chain
 from app.ui import TREE_FIELDS, Handlers
@@ -322,10 +323,30 @@ def test_race_settings_match_the_verification_budget():
     assert configs["ar"].tree is None
 
 
-def test_throttle_keeps_the_first_and_last_items():
-    assert list(throttle(range(5), 0)) == [0, 1, 2, 3, 4]
-    assert list(throttle(range(5), 3600)) == [0, 4]
-    assert list(throttle([], 1)) == []
+def test_follow_passes_on_the_newest_item_and_always_the_last():
+    assert list(follow(iter(range(5)), 0.001, lambda: None))[-1] == 4
+    slow = list(follow(iter(range(1000)), 3600, lambda: None))  # the consumer is slower than the producer
+    assert slow == [999]
+
+
+def test_follow_raises_the_producers_error():
+    def failing():
+        yield 1
+        raise GumihoError("the prompt is empty")
+    with pytest.raises(GumihoError, match="the prompt is empty"):
+        list(follow(failing(), 0.001, lambda: None))
+
+
+def test_follow_stops_the_run_when_the_page_goes_away():
+    stopped = threading.Event()
+
+    def endless():
+        while not stopped.is_set():
+            yield 1
+    items = follow(endless(), 0.001, stopped.set)
+    assert next(items) == 1
+    items.close()  # Gradio closes the generator when the visitor leaves
+    assert stopped.is_set()
 
 
 def test_sessions_stop_only_their_own_run():
