@@ -1,7 +1,9 @@
 """Where a cycle's time goes, per method: the draft / verify / other split and the parts inside draft and verify.
 
 The drafter's and the target's components are timed by temporarily shadowing their methods on the instances
-(restored afterwards), so the engine runs unchanged. The first cycle is dropped (it follows the prefill).
+(restored afterwards), so the engine runs unchanged. The first cycle is dropped (it follows the prefill). Each
+variant runs a few times on one prompt, interleaved with the others; times are the mean over the fastest quarter
+of the cycles (see `summarize_cycles`).
 
   draft_transformer   the draft decoder layers (every serial step / expansion)
   draft_fc            fusing token embeddings with features (fc 2H -> H)
@@ -69,8 +71,12 @@ def instrumented(engine: Engine, method: str) -> Iterator[dict[str, float]]:
             delattr(owner, name)  # the instance attribute goes; the class's method shows through again
 
 
-def profile_variant(engine: Engine, variant: Variant, prompt: str, max_new_tokens: int) -> dict:
-    """Mean ms per cycle of each part, over one greedy generation (first cycle excluded)."""
+PARTS = ("draft_transformer", "draft_fc", "draft_lm_head", "draft_lm_head_rows", "draft_mlp_heads", "verify_target",
+         "verify_lm_head")
+
+
+def cycle_parts(engine: Engine, variant: Variant, prompt: str, max_new_tokens: int) -> pd.DataFrame:
+    """One row per cycle of a greedy generation (the first cycle excluded) with the ms of every part."""
     config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=0.0),
                               trace=False, tree=variant.tree)
     run = engine.run(prompt, variant.method, config)
@@ -83,18 +89,30 @@ def profile_variant(engine: Engine, variant: Variant, prompt: str, max_new_token
             before = now
             rows.append({"tree_size": cycle.tree_size, "tokens": len(cycle.emitted), "draft_ms": cycle.draft_ms,
                          "verify_ms": cycle.verify_ms, "other_ms": cycle.other_ms, **part_ms})
-    frame = pd.DataFrame(rows[1:] or rows).fillna(0.0)
-    for part in ("draft_transformer", "draft_fc", "draft_lm_head", "draft_lm_head_rows", "draft_mlp_heads",
-                 "verify_target", "verify_lm_head"):
+    frame = pd.DataFrame(rows[1:] or rows)
+    for part in PARTS:
         if part not in frame:
             frame[part] = 0.0
+    frame = frame.fillna(0.0)
     frame["draft_rest"] = frame["draft_ms"] - frame[["draft_transformer", "draft_fc", "draft_lm_head",
                                                      "draft_mlp_heads"]].sum(axis=1)
     frame["verify_rest"] = frame["verify_ms"] - frame["verify_target"] - frame["verify_lm_head"]
     frame["cycle_ms"] = frame[["draft_ms", "verify_ms", "other_ms"]].sum(axis=1)
-    means = frame.mean().to_dict()
-    return {"method": variant.name, "cycles": len(frame), "tau_cycle": means.pop("tokens"), **means}
+    return frame
 
 
-def profile(engine: Engine, variants: list[Variant], prompt: str, max_new_tokens: int) -> pd.DataFrame:
-    return pd.DataFrame([profile_variant(engine, v, prompt, max_new_tokens) for v in variants])
+def summarize_cycles(method: str, frame: pd.DataFrame) -> dict:
+    """Times: the mean over the fastest quarter of the cycles (other jobs only ever add time, so these are the
+    cycles least disturbed by a shared machine); tau_cycle: tokens per cycle over all cycles."""
+    fast = frame.nsmallest(max(1, len(frame) // 4), "cycle_ms")
+    return {"method": method, "cycles": len(frame), "tau_cycle": frame["tokens"].mean(),
+            **fast.drop(columns="tokens").mean().to_dict()}
+
+
+def profile(engine: Engine, variants: list[Variant], prompt: str, max_new_tokens: int, rounds: int = 2) -> pd.DataFrame:
+    """Every variant `rounds` times on one prompt, interleaved; one summary row per variant."""
+    frames: dict[str, list[pd.DataFrame]] = {v.name: [] for v in variants}
+    for _ in range(rounds):
+        for variant in variants:
+            frames[variant.name].append(cycle_parts(engine, variant, prompt, max_new_tokens))
+    return pd.DataFrame([summarize_cycles(name, pd.concat(parts, ignore_index=True)) for name, parts in frames.items()])
