@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-METHODS = ("gumiho", "eagle2", "ar")
 RACE_ORDER = ("eagle2", "gumiho", "ar")
 MAX_NEW_TOKENS = 512
 TRACE_FILES = Path(tempfile.gettempdir()) / "gumiho-app-traces"
