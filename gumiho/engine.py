@@ -43,7 +43,8 @@ class GenerationConfig:
             raise GumihoError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for queued GPU work so that wall-clock timings cover it (a no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -170,7 +171,7 @@ class Run:
         new_features, new_tokens = features, torch.cat([prompt[1:], prompt.new_tensor([root])])
         if self.drafter is not None:
             self.drafter.reset()
-        _sync(device)
+        sync_device(device)
         trace.prefill_ms = (time.perf_counter() - start) * 1e3
 
         while not reason:
@@ -184,7 +185,7 @@ class Run:
                 break
             t0 = time.perf_counter()
             tree = self._draft(root, new_features, new_tokens, room)
-            _sync(device)
+            sync_device(device)
             t1 = time.perf_counter()
 
             mask = None
@@ -193,7 +194,7 @@ class Run:
                 mask = mask.to(device)[None, None]
             features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
             acceptance = verify(tree, target.logits(features), config.sampling, generator)
-            _sync(device)
+            sync_device(device)
             t2 = time.perf_counter()
 
             nodes = torch.tensor(acceptance.nodes, device=device)

@@ -253,3 +253,12 @@ def test_cli_on_the_real_model(tmp_path):
     assert "tau = (new_tokens - 1) / cycles" in done.stderr and "| Gumiho |" in done.stdout
     per_prompt = pd.read_csv(tmp_path / "real.per_prompt.csv")
     assert list(per_prompt["method"]) == ["ar", "gumiho"] and per_prompt["same_as_ar"].iloc[1]
+
+
+def test_engine_check_reports_ratios_on_the_tiny_engine():
+    from gumiho.bench.engine_check import check
+
+    result = check(tiny_engine(), max_new_tokens=6, rounds=1, prompts=("w1 w2", "w3 w4 w5"))
+    assert result["runs"] == 2 and result["device"] == "cpu"
+    assert result["ar_over_generate"] > 0 and result["ar_tokens_per_s"] > 0
+    assert math.isfinite(result["tracing_overhead"]) and result["tracing_overhead"] > -1

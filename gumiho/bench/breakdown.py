@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from ..engine import Engine, GenerationConfig, _sync
+from ..engine import Engine, GenerationConfig, sync_device
 from ..sampling import SamplingConfig
 from .harness import Variant
 
@@ -51,12 +51,12 @@ def instrumented(engine: Engine, method: str) -> Iterator[dict[str, float]]:
 
     def timed(part: str, function):
         def wrapper(*args, **kwargs):
-            _sync(device)
+            sync_device(device)
             start = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
-                _sync(device)
+                sync_device(device)
                 totals[part] += (time.perf_counter() - start) * 1e3
                 if part == "draft_lm_head":
                     totals["draft_lm_head_rows"] += args[0].shape[:-1].numel()

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from ..engine import Engine, GenerationConfig, _sync
+from ..engine import Engine, GenerationConfig, sync_device
 from ..sampling import SamplingConfig
 from ..target import Target, cache_root
 from ..trace import CycleTrace
@@ -92,10 +92,10 @@ def measure_cost_curve(target: Target, sizes: tuple[int, ...] = (1,) + SIZES, kv
             chain = torch.ones(n, n, dtype=torch.bool).tril()
             mask = torch.cat([torch.ones(n, kv_length, dtype=torch.bool), chain], 1)[None, None].to(target.device)
         positions = torch.arange(kv_length, kv_length + n, device=target.device)
-        _sync(target.device)
+        sync_device(target.device)
         start = time.perf_counter()
         target.logits(target.features(tokens, cache, positions, mask)).argmax(-1).tolist()
-        _sync(target.device)
+        sync_device(target.device)
         if r:
             times[n].append((time.perf_counter() - start) * 1e3)
         cache.crop(-n)
