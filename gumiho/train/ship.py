@@ -24,7 +24,8 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         f"- Data: `{c['data']}` ({summary['sequences']} conversations, {summary['tokens_per_epoch']:,} tokens per "
         f"epoch, {summary['assistant_tokens_per_epoch']:,} of them assistant tokens); the commands that made it are in "
         "the repository README, section \"Train a drafter for your model\".",
-        f"- Tokens seen: {summary['tokens_seen']:,}; epochs: {c['epochs']}; steps: {summary['steps']}; "
+        f"- Tokens seen: {summary['tokens_seen']:,}; epochs: {summary.get('epochs_seen', c['epochs'])}; "
+        f"steps: {summary['steps']}; "
         f"wall time: {summary['wall_time_s'] / 60:.1f} min on {summary['device']}.",
         f"- Draft vocabulary: {c['draft_vocab'] or 'full'} ids "
         f"(covers {100 * summary['draft_vocab_coverage']:.1f}% of the training assistant tokens).",
