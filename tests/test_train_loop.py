@@ -17,7 +17,7 @@ from gumiho.train.evaluate import chain_accuracy, chain_predictions, vocab_cover
 from gumiho.train.features import load_sequences, target_features, write_shard
 from gumiho.train.ship import ship
 from gumiho.train.objective import LossWeights, batch_losses
-from gumiho.train.trainer import TrainConfig, build_drafter, train
+from gumiho.train.trainer import PROBE_SKIP, TrainConfig, build_drafter, fit_to_budget, lr_lambda, train
 from tests.conftest import random_drafter, tiny_target
 
 
@@ -87,6 +87,39 @@ def test_resume_continues_from_the_checkpoint(corpus, tmp_path):
     assert all(torch.equal(first[k], again[k]) for k in first)
     with pytest.raises(GumihoError, match="other settings"):
         train(_config("eagle2", data, out, epochs=3), target)
+
+
+def test_max_steps_caps_the_run_and_the_schedule_ends_at_it(corpus, tmp_path):
+    target, data = corpus
+    run = train(_config("eagle2", data, tmp_path / "run", epochs=8, max_steps=7), target)
+    summary = json.loads((run / "train.json").read_text())
+    assert summary["steps"] == 7 and json.loads((run / "length.json").read_text())["steps"] == 7
+    assert summary["epochs_seen"] == pytest.approx(7 / json.loads((run / "length.json").read_text())["batches_per_epoch"],
+                                                   abs=1e-3)
+    factor = lr_lambda(2, {"steps": 7})
+    assert [round(factor(s), 3) for s in range(8)] == [0.5, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0]
+
+
+def test_fit_to_budget_uses_the_speed_after_the_first_steps():
+    config = TrainConfig(drafter="eagle2", data="d", out="o", epochs=100, minutes=1.0)
+    # 20 steps in 12 s, of which the first PROBE_SKIP took 9 s: 0.2 s a step, 48 s left -> 240 more steps.
+    assert fit_to_budget(config, 20, 12.0, batches_per_epoch=50, probe_from=9.0) == 20 + 240
+    assert fit_to_budget(config, 20, 12.0, batches_per_epoch=50) == 20 + int(48 / 0.6)  # no probe start: all 20
+    assert fit_to_budget(config, 20, 70.0, batches_per_epoch=50) == 20  # over budget already: stop now
+    small = TrainConfig(drafter="eagle2", data="d", out="o", epochs=2, minutes=60.0)
+    assert fit_to_budget(small, 20, 12.0, batches_per_epoch=50, probe_from=9.0) == 100  # never past the epochs
+    assert PROBE_SKIP < 20
+
+
+def test_a_time_budget_fixes_the_length_and_a_matched_run_copies_it(corpus, tmp_path):
+    target, data = corpus
+    budget = train(_config("gumiho", data, tmp_path / "a", epochs=500, minutes=0.02, probe_steps=8), target)
+    steps = json.loads((budget / "length.json").read_text())["steps"]
+    summary = json.loads((budget / "train.json").read_text())
+    assert 8 <= steps < 500 * json.loads((budget / "length.json").read_text())["batches_per_epoch"]
+    assert summary["steps"] == steps
+    matched = train(_config("eagle2", data, tmp_path / "b", epochs=500, max_steps=steps), target)
+    assert json.loads((matched / "train.json").read_text())["tokens_seen"] == summary["tokens_seen"]
 
 
 @pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
