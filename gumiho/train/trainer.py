@@ -215,7 +215,8 @@ def train(config: TrainConfig, target: Target) -> Path:
     drafter.save_pretrained(out / "drafter")
     summary = {
         "config": asdict(config),
-        "device": str(dev) if dev.type != "cpu" else f"cpu, {torch.get_num_threads()} torch thread(s)",
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+        else str(dev) if dev.type != "cpu" else f"cpu, {torch.get_num_threads()} torch thread(s)",
         "sequences": len(sequences),
         "tokens_per_epoch": sum(len(s.input_ids) for s in sequences),
         "assistant_tokens_per_epoch": sum(int(s.loss_mask.sum()) for s in sequences),
