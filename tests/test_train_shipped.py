@@ -55,4 +55,4 @@ def test_shipped_drafter_speculates_on_the_default_target(smollm, kind):
     assert smollm.drafter_names[kind].endswith(f"smollm2-135m-{kind}")
     trace = smollm.generate("Explain what a computer network is.", kind,
                             GenerationConfig(max_new_tokens=48, trace=False))
-    assert trace.tau > 1.2  # a random drafter stays at ~1.0 (nothing accepted); the shipped ones average 1.6+
+    assert trace.tau > 1.5  # a random drafter stays at ~1.0 (nothing accepted); the shipped ones average ~2 on MT-Bench
