@@ -96,7 +96,7 @@ def test_max_steps_caps_the_run_and_the_schedule_ends_at_it(corpus, tmp_path):
     assert summary["steps"] == 7 and json.loads((run / "length.json").read_text())["steps"] == 7
     assert summary["epochs_seen"] == pytest.approx(7 / json.loads((run / "length.json").read_text())["batches_per_epoch"],
                                                    abs=1e-3)
-    factor = lr_lambda(2, {"steps": 7})
+    factor = lr_lambda(2, 7)
     assert [round(factor(s), 3) for s in range(8)] == [0.5, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0]
 
 

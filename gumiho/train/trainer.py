@@ -85,15 +85,11 @@ def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]
     return drafter, coverage
 
 
-def lr_lambda(warmup: int, total: int | dict):
-    """Linear warmup, then linear decay to zero at step `total` (or at `total["steps"]`, which a run whose length
-    is fixed after timing its first steps sets late)."""
-
+def lr_lambda(warmup: int, total: int):
     def factor(step: int) -> float:
-        end = total["steps"] if isinstance(total, dict) else total
         if step < warmup:
             return (step + 1) / warmup
-        return max(0.0, (end - step) / max(1, end - warmup))
+        return max(0.0, (total - step) / max(1, total - warmup))
 
     return factor
 
@@ -110,6 +106,12 @@ def fit_to_budget(config: TrainConfig, steps_so_far: int, seconds: float, batche
     per_step = (seconds - probe_from) / max(steps_so_far - (PROBE_SKIP if probe_from else 0), 1)
     affordable = steps_so_far + int((config.minutes * 60 - seconds) / max(per_step, 1e-9))
     return max(steps_so_far, min(planned_steps(config, batches_per_epoch), affordable))
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"cpu, {torch.get_num_threads()} torch thread(s)" if dev.type == "cpu" else str(dev)
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -134,7 +136,9 @@ def train(config: TrainConfig, target: Target) -> Path:
     length = {"steps": planned_steps(config, len(groups)), "fixed": config.minutes <= 0}
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, length))
+    # The decay reads the run length at every step: a time-budgeted run fixes it only after its first steps.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_lambda(config.warmup_steps, length["steps"])(step))
     weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight)
     state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "elapsed": 0.0, "history": [], "length": length}
     checkpoint = out / "checkpoint.pt"
@@ -215,8 +219,7 @@ def train(config: TrainConfig, target: Target) -> Path:
     drafter.save_pretrained(out / "drafter")
     summary = {
         "config": asdict(config),
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda"
-        else str(dev) if dev.type != "cpu" else f"cpu, {torch.get_num_threads()} torch thread(s)",
+        "device": _device_name(dev),
         "sequences": len(sequences),
         "tokens_per_epoch": sum(len(s.input_ids) for s in sequences),
         "assistant_tokens_per_epoch": sum(int(s.loss_mask.sum()) for s in sequences),
