@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from ..packed import packing_enabled
+
 
 def _cpu_name() -> str:
     try:
@@ -42,8 +44,10 @@ def describe(device: torch.device, dtype: torch.dtype) -> dict:
     else:
         name = _cpu_name()
         description = f"{name}, {cores} cores, {threads} torch threads, {str(dtype).removeprefix('torch.')}"
+        if packing_enabled() and dtype == torch.float32:
+            description += ", oneDNN-packed matmuls"
     return {"description": description, "device": device.type, "device_name": name, "cpu": _cpu_name(),
-            "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype),
+            "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype), "packed_matmuls": device.type == "cpu" and dtype == torch.float32 and packing_enabled(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 from ..engine import Engine, GenerationConfig, sync_device
+from ..packed import packing_enabled
 from ..sampling import SamplingConfig
 from ..target import Target, cache_root
 from ..trace import CycleTrace
@@ -238,12 +239,12 @@ def auto_tree(engine: Engine, method: str, base: TreeSettings, cost: CostCurve |
 
 def cached_auto_tree(engine: Engine, method: str, base: TreeSettings, top_ks: tuple[int, ...] = TOP_KS,
                      progress: bool = True) -> TreeChoice:
-    """`auto_tree`, remembered per model, drafter, device, thread count, base shape and top_k candidates in
-    `$GUMIHO_CACHE/auto_tree.json`."""
+    """`auto_tree`, remembered per model, drafter, device, thread count, packed matmuls on/off, base shape and
+    top_k candidates in `$GUMIHO_CACHE/auto_tree.json`."""
     path = cache_root() / "auto_tree.json"
     base_key = {k: v for k, v in base.to_dict().items() if k not in ("top_k", "total_tokens")}
     key = json.dumps([engine.target.name, engine.drafter_names.get(method, ""), str(engine.target.device),
-                      torch.get_num_threads(), method, base_key, list(top_ks)], sort_keys=True)
+                      torch.get_num_threads(), packing_enabled(), method, base_key, list(top_ks)], sort_keys=True)
     store = _read_store(path)
     if key in store:
         return TreeChoice.from_dict(store[key])

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import GumihoError
+from ..packed import PackedMatrix
 from ..tree import DraftPool, TreeSettings
 from .layers import DraftTransformer, KVCache
 
@@ -96,6 +97,7 @@ class Drafter(nn.Module):
         self.embed_weight = embed_weight.detach()
         head = head_weight.detach()
         self.head_weight = head[self.draft_vocab] if self.draft_vocab is not None else head
+        self._head = PackedMatrix(self.head_weight)
         return self
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -103,7 +105,7 @@ class Drafter(nn.Module):
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits over the draft vocabulary (the full vocabulary when there is none)."""
-        return hidden @ self.head_weight.T
+        return self._head(hidden)
 
     def top_tokens(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k draft log-probs and their token ids (in the target's vocabulary) for each row of `hidden`."""
