@@ -27,6 +27,9 @@ LR=${LR:-5e-4}
 WARMUP=${WARMUP:-100}
 EPOCHS=${EPOCHS:-40}                  # an upper bound; MINUTES decides the real length
 MINUTES=${MINUTES:-13}
+UNROLL_EAGLE2=${UNROLL_EAGLE2:-1}      # training-time test: draft steps trained per position (--unroll)
+UNROLL_GUMIHO=${UNROLL_GUMIHO:-1}     # (Gumiho drafts 2 tokens serially, so 2 is its useful maximum)
+INIT=${INIT:-}                        # folder holding smollm2-135m-{eagle2,gumiho}/ to fine-tune; empty: from scratch
 CACHE=${CACHE:-cache/train}
 RUNS=${RUNS:-runs}
 DEST=${DEST:-$RUNS/shipped}           # fp16 drafter folders with model cards
@@ -50,14 +53,17 @@ wait
 DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
        --max-len 1024 --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
-$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" "${train[@]}" &
+init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
+$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --unroll "$UNROLL_GUMIHO" $(init gumiho) \
+    "${train[@]}" &
 gumiho=$!
 while [ ! -f "$RUNS/gumiho/length.json" ]; do
     kill -0 $gumiho 2>/dev/null || { wait $gumiho; exit 1; }
     sleep 5
 done
 steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$RUNS/gumiho/length.json")
-$PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" "${train[@]}"
+$PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" --unroll "$UNROLL_EAGLE2" $(init eagle2) \
+    "${train[@]}"
 wait $gumiho
 
 # 3. Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage, then the fp16 folders.

@@ -152,3 +152,20 @@ def test_chain_predictions_match_step_by_step_drafting(corpus, kind):
     assert vocab_coverage(drafter, target, [seq]) == 1.0  # no draft vocabulary: everything can be proposed
     accuracy = chain_accuracy(drafter, target, [seq], depth=3)
     assert all(a >= b for a, b in zip(accuracy, accuracy[1:]))  # a chain can only get shorter
+
+
+def test_fine_tune_from_a_drafter_with_unrolled_steps(corpus, tmp_path):
+    target, data = corpus
+    first = train(_config("gumiho", data, tmp_path / "a", epochs=1), target)
+    run = train(_config("gumiho", data, tmp_path / "b", epochs=2, draft_vocab=8, unroll=2,
+                        init=str(first / "drafter")), target)
+    summary = json.loads((run / "train.json").read_text())
+    assert "acc2" in summary["final"] and summary["draft_vocab_size"] == 16  # the init drafter's vocabulary
+    start, tuned = Drafter.from_pretrained(first / "drafter"), Drafter.from_pretrained(run / "drafter")
+    assert torch.equal(start.draft_vocab, tuned.draft_vocab)
+    assert not torch.equal(start.transformer.fc.weight, tuned.transformer.fc.weight)
+    assert "Training-time test: 2 draft steps" in ship(run, tmp_path / "shipped").joinpath("README.md").read_text()
+    with pytest.raises(GumihoError, match="is a gumiho drafter"):
+        train(_config("eagle2", data, tmp_path / "c", init=str(first / "drafter")), target)
+    with pytest.raises(GumihoError, match="unroll"):
+        train(_config("eagle2", data, tmp_path / "d", unroll=0), target)

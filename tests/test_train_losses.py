@@ -9,7 +9,8 @@ import torch
 
 from gumiho.train.batches import Batch, plan_batches
 from gumiho.train.losses import feature_loss, head_weights, soft_cross_entropy
-from gumiho.train.objective import LossWeights, batch_losses
+from gumiho.drafters.layers import KVCache
+from gumiho.train.objective import LossWeights, batch_losses, unrolled_outputs
 from gumiho.train.trainer import frequency_vocab, lr_lambda
 from gumiho.train.features import Sequence
 from tests.conftest import random_drafter, tiny_target
@@ -77,12 +78,12 @@ def test_losses_read_the_right_slots(kind):
     tr = drafter.transformer
     with torch.no_grad():
         h = tr(tr.fuse(drafter.embed(ids[1:]), f[:-1])[None], torch.arange(13))[0]
-        assert parts["lv"] == pytest.approx(feature_loss(h[p - 2: p - 1], f[p - 1: p]).item(), rel=1e-5)
+        assert parts["lv"].item() == pytest.approx(feature_loss(h[p - 2: p - 1], f[p - 1: p]).item(), rel=1e-5)
         if kind == "gumiho":
             t = p - 4
             u = torch.cat([tr.fuse(drafter.embed(ids[t + 2]), h[t]), tr.fuse(drafter.embed(ids[t + 3]), h[t + 1])])
             out = drafter.heads(u[None])[0]
-            assert parts["lv_mlp0"] == pytest.approx(feature_loss(out, f[p - 1: p]).item(), rel=1e-5)
+            assert parts["lv_mlp0"].item() == pytest.approx(feature_loss(out, f[p - 1: p]).item(), rel=1e-5)
             assert "lv_mlp1" in parts
 
 
@@ -99,3 +100,40 @@ def test_vocab_coverage_counts_greedy_tokens_inside_the_draft_vocabulary():
     drafter.draft_vocab = greedy[:3].unique()
     expected = sum(int(g in drafter.draft_vocab.tolist()) for g in greedy.tolist()) / 8
     assert vocab_coverage(drafter, target, [seq]) == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+def test_unrolled_steps_match_drafting_on_own_outputs(kind):
+    """Step k of the training-time test at slot j equals drafting k tokens after slot j with a KV cache: the same
+    inputs, positions and context (true-feature keys up to j, then the draft's own keys)."""
+    target = tiny_target(vocab=32)
+    drafter = random_drafter(kind, target, scale=0.2).attach(target.embed_weight, target.head_weight)
+    tr, hidden = drafter.transformer, target.hidden_size
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 32, (1, 12), generator=generator)
+    feats = torch.randn(1, 12, hidden, generator=generator)
+    with torch.no_grad():
+        outputs = unrolled_outputs(drafter, ids, feats[:, :-1], unroll=3)
+        for j in (0, 4, 7):
+            cache = KVCache(len(tr.layers))
+            h = tr(tr.fuse(drafter.embed(ids[:, 1: j + 2]), feats[:, : j + 1]), torch.arange(j + 1), None, cache)[:, -1:]
+            torch.testing.assert_close(h[:, 0], outputs[0][:, j], rtol=1e-5, atol=1e-5)
+            for k in (2, 3):
+                everything = torch.ones(1, 1, 1, cache.length + 1, dtype=torch.bool)
+                h = tr(tr.fuse(drafter.embed(ids[:, j + k: j + k + 1]), h), torch.tensor([j + k - 1]), everything, cache)
+                torch.testing.assert_close(h[:, 0], outputs[k - 1][:, j], rtol=1e-5, atol=1e-5)
+
+
+def test_unrolled_losses_add_a_term_per_step_and_feed_gumiho_heads_step_two():
+    target = tiny_target(vocab=32)
+    drafter = random_drafter("gumiho", target, scale=0.2).attach(target.embed_weight, target.head_weight)
+    batch = _batch(target, 14, 9)
+    batch.loss_mask[:] = True
+    with torch.no_grad():
+        one, parts_one = batch_losses(drafter, batch, LossWeights(), noise=0.0)
+        three, parts = batch_losses(drafter, batch, LossWeights(), noise=0.0, unroll=3)
+    assert {"acc2", "acc3", "lv_step2", "lp_step3"} <= parts.keys() and "acc2" not in parts_one
+    assert parts["lv"].item() == pytest.approx(parts_one["lv"].item(), rel=1e-6)  # step 1 is unchanged
+    assert parts["lv_mlp0"].item() != pytest.approx(parts_one["lv_mlp0"].item(), rel=1e-6)  # heads read step 2
+    steps = sum(parts[k] + 0.1 * parts[k.replace("lv", "lp")] for k in ("lv", "lv_step2", "lv_step3"))
+    assert steps.item() < three.item()  # the rest are the MLP heads' terms, all positive

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from .features import Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,12 +45,22 @@ def epoch_order(groups: list[list[int]], seed: int, epoch: int) -> list[list[int
 
 
 def collate(sequences: list[Sequence], device: torch.device) -> Batch:
-    width = max(len(s.input_ids) for s in sequences)
-    hidden = sequences[0].features.shape[1]
-    ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    mask = torch.zeros(len(sequences), width, dtype=torch.bool)
-    feats = torch.zeros(len(sequences), width, hidden)
-    for row, s in enumerate(sequences):
-        n = len(s.input_ids)
-        ids[row, :n], mask[row, :n], feats[row, :n] = s.input_ids, s.loss_mask, s.features.float()
-    return Batch(ids.to(device), mask.to(device), feats.to(device), sum(len(s.input_ids) for s in sequences))
+    """Pad where the sequences live (on the GPU when `on_device` put them there), then move to `device`."""
+    ids = pad_sequence([s.input_ids for s in sequences], batch_first=True)
+    mask = pad_sequence([s.loss_mask for s in sequences], batch_first=True)
+    feats = pad_sequence([s.features for s in sequences], batch_first=True)
+    return Batch(ids.to(device), mask.to(device), feats.to(device, torch.float32),
+                 sum(len(s.input_ids) for s in sequences))
+
+
+def on_device(sequences: list[Sequence], device: torch.device, share: float = 0.5) -> list[Sequence]:
+    """The training set moved to a GPU when it takes at most `share` of the free memory, so that batches are padded
+    there instead of on the CPU and copied over at every step; otherwise unchanged."""
+    if device.type != "cuda":
+        return sequences
+    size = sum(s.features.nbytes + s.input_ids.nbytes + s.loss_mask.nbytes for s in sequences)
+    free, _ = torch.cuda.mem_get_info(device)
+    if size > share * free:
+        log.info("training data (%.1f GB) stays on the CPU: %.1f GB free on %s", size / 1e9, free / 1e9, device)
+        return sequences
+    return [Sequence(s.input_ids.to(device), s.loss_mask.to(device), s.features.to(device)) for s in sequences]

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
 from ..drafters import Drafter, GumihoDrafter
+from ..drafters.layers import KVCache
 from .batches import Batch
 from .losses import feature_loss, head_weights, soft_cross_entropy
 
@@ -34,7 +36,7 @@ def input_noise(shape: torch.Size, amplitude: float, generator: torch.Generator 
     if amplitude <= 0:
         return torch.zeros(shape, device=device)
     scale = amplitude * 512 / shape[1]
-    return (torch.rand(shape, generator=generator).to(device) - 0.5) * scale
+    return (torch.rand(shape, generator=generator, device=device) - 0.5) * scale
 
 
 def _prediction_terms(drafter: Drafter, predicted: torch.Tensor, target: torch.Tensor, with_ce: bool):
@@ -53,6 +55,31 @@ def _prediction_terms(drafter: Drafter, predicted: torch.Tensor, target: torch.T
     return lv, lp, agree
 
 
+def unrolled_outputs(drafter: Drafter, ids: torch.Tensor, inputs: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+    """Draft outputs h^1..h^unroll [B, T-1, H] ("training-time test", as in HASS and EAGLE-3).
+
+    h^1_j reads fc([e(x_{j+1}); f_j]) at position j, as always. Step k >= 2 feeds the draft its own previous output,
+    as drafting does: slot j reads fc([e(x_{j+k}); h^{k-1}_j]) at position j+k-1 and attends to the true-feature
+    keys of slots <= j and to its own keys from steps 2..k, exactly the context a depth-k draft node sees.
+    h^k_j predicts f_{j+k}.
+    """
+    tr = drafter.transformer
+    slots, dev = inputs.shape[1], inputs.device
+    positions = torch.arange(slots, device=dev)
+    first = tr.fuse(drafter.embed(ids[:, 1:]), inputs)
+    if unroll == 1:
+        return [tr(first, positions)]
+    cache = KVCache(len(tr.layers))
+    causal = torch.ones(slots, slots, dtype=torch.bool, device=dev).tril()
+    own = torch.eye(slots, dtype=torch.bool, device=dev)
+    outputs = [tr(first, positions, causal[None, None], cache)]
+    for k in range(2, unroll + 1):
+        tokens = F.pad(ids[:, k:], (0, slots))[:, :slots]  # x_{j+k} at slot j; 0 past the end (never counted)
+        mask = torch.cat([causal] + [own] * (k - 1), 1)[None, None]
+        outputs.append(tr(tr.fuse(drafter.embed(tokens), outputs[-1]), positions + k - 1, mask, cache))
+    return outputs
+
+
 def batch_losses(
     drafter: Drafter,
     batch: Batch,
@@ -60,23 +87,36 @@ def batch_losses(
     noise: float = 0.0,
     mlp_ce_on: bool = True,
     generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Total loss and its parts (floats, for logging) for one batch."""
+    unroll: int = 1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total loss and its parts (detached 0-d tensors, for logging) for one batch.
+
+    `unroll` > 1 adds the loss of draft steps 2..unroll fed their own outputs (`unrolled_outputs`), each weighted
+    like step 1; Gumiho's MLP heads then read step 2's output, as they do when drafting.
+    Nothing here waits for the device: the parts are read only when the trainer logs (`mean_parts`).
+    `generator` must live on the batch's device."""
     ids, mask, feats = batch.input_ids, batch.loss_mask, batch.features
     b, t, hidden = feats.shape
     dev = feats.device
     inputs = feats[:, :-1] + input_noise(feats[:, :-1].shape, noise, generator, dev)
-    h = drafter.transformer(drafter.transformer.fuse(drafter.embed(ids[:, 1:]), inputs), torch.arange(t - 1, device=dev))
+    outputs = unrolled_outputs(drafter, ids, inputs, unroll)
+    h = outputs[0]
 
-    serial = mask[:, 2:]
-    lv, lp, agree = _prediction_terms(drafter, h[:, : t - 2][serial], feats[:, 1: t - 1][serial], True)
-    total = weights.feature * lv + weights.ce * lp
-    parts = {"lv": lv.item(), "lp": lp.item(), "acc1": agree.item()}
+    total = torch.zeros((), device=dev)
+    parts = {}
+    for k, out in enumerate(outputs, start=1):
+        counted = mask[:, k + 1:]  # h^k_j predicts x_{j+k+1}
+        width = counted.shape[1]
+        lv, lp, agree = _prediction_terms(drafter, out[:, :width][counted], feats[:, k: k + width][counted], True)
+        total = total + weights.feature * lv + weights.ce * lp
+        suffix = "" if k == 1 else f"_step{k}"
+        parts.update({f"lv{suffix}": lv.detach(), f"lp{suffix}": lp.detach(), f"acc{k}": agree})
 
     if isinstance(drafter, GumihoDrafter) and t >= 5:
         n, heads = t - 4, drafter.config.mlp_heads
         first = drafter.transformer.fuse(drafter.embed(ids[:, 2: 2 + n]), h[:, :n])
-        second = drafter.transformer.fuse(drafter.embed(ids[:, 3: 3 + n]), h[:, 1: 1 + n])
+        serial2 = outputs[1][:, :n] if unroll > 1 else h[:, 1: 1 + n]  # drafting reads step 2's own output
+        second = drafter.transformer.fuse(drafter.embed(ids[:, 3: 3 + n]), serial2)
         mask_pad = torch.cat([mask, mask.new_zeros(b, heads)], 1)
         feats_pad = torch.cat([feats, feats.new_zeros(b, heads, hidden)], 1)
         head_masks = torch.stack([mask_pad[:, 4 + i: 4 + i + n] for i in range(heads)])  # [heads, B, n]
@@ -90,8 +130,15 @@ def batch_losses(
                 total = total + w * weights.mlp_feature * lv_i
                 if mlp_ce_on:
                     total = total + w * weights.mlp_ce * lp_i
-                parts[f"lv_mlp{i}"] = lv_i.item()
+                parts[f"lv_mlp{i}"] = lv_i.detach()
                 if mlp_ce_on:
-                    parts[f"acc_mlp{i}"] = agree_i.item()
-    parts["loss"] = total.item()
+                    parts[f"acc_mlp{i}"] = agree_i
+    parts["loss"] = total.detach()
     return total, parts
+
+
+def mean_parts(window: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Mean of each part over the steps that have it (keys of the last step), read from the device in one go."""
+    keys = list(window[-1])
+    means = torch.stack([torch.stack([p[k].float() for p in window if k in p]).mean() for k in keys])
+    return dict(zip(keys, means.tolist()))

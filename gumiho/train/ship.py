@@ -27,7 +27,11 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         f"- Tokens seen: {summary['tokens_seen']:,}; epochs: {summary.get('epochs_seen', c['epochs'])}; "
         f"steps: {summary['steps']}; "
         f"wall time: {summary['wall_time_s'] / 60:.1f} min on {summary['device']}.",
-        f"- Draft vocabulary: {c['draft_vocab'] or 'full'} ids "
+        *([f"- Started from the drafter in `{c['init']}` (its draft vocabulary kept); the figures below cover this run "
+            "only."] if c.get("init") else []),
+        *([f"- Training-time test: {c['unroll']} draft steps per position, steps 2.. fed the draft's own output."]
+          if c.get("unroll", 1) > 1 else []),
+        f"- Draft vocabulary: {summary.get('draft_vocab_size') or c['draft_vocab'] or 'full'} ids "
         f"(covers {100 * summary['draft_vocab_coverage']:.1f}% of the training assistant tokens).",
         f"- Loss: SmoothL1 features x 1.0 + soft CE x {c['ce_weight']}"
         + (f"; MLP heads 0.8^(i+1)/9 x (SmoothL1 + {c['mlp_ce_weight']} soft CE from epoch {c['mlp_ce_epoch']})"

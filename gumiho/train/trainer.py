@@ -14,9 +14,9 @@ import torch
 from ..drafters import Drafter, new_drafter
 from ..errors import GumihoError
 from ..target import Target
-from .batches import collate, epoch_order, plan_batches
+from .batches import collate, epoch_order, on_device, plan_batches
 from .features import Sequence, load_sequences
-from .objective import LossWeights, batch_losses
+from .objective import LossWeights, batch_losses, mean_parts
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ class TrainConfig:
     ce_weight: float = 0.1
     mlp_ce_weight: float = 0.1
     mlp_ce_epoch: int = 1  # Gumiho's MLP-head CE is off before this epoch
+    init: str = ""  # drafter folder to start from (same kind; its draft vocabulary is kept); "": random weights
+    unroll: int = 1  # draft steps trained per position, steps 2.. fed the draft's own output (training-time test)
     seed: int = 0
     checkpoint_every: int = 50
     log_every: int = 10
@@ -57,29 +59,49 @@ def load_training_data(config: TrainConfig) -> list[Sequence]:
     return [s for s in sequences if len(s.input_ids) >= 3 and s.loss_mask[2:].any()]
 
 
-def frequency_vocab(sequences: list[Sequence], size: int, vocab_size: int, always: set[int]) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent assistant tokens (plus `always`), sorted by id; and the share of assistant tokens
-    they cover."""
+def assistant_counts(sequences: list[Sequence], vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in sequences:
         counts += torch.bincount(s.input_ids[s.loss_mask], minlength=vocab_size)
+    return counts
+
+
+def coverage_of(ids: torch.Tensor, counts: torch.Tensor) -> float:
+    """The share of assistant tokens (`counts`) that the vocabulary `ids` covers."""
+    return counts[ids].sum().item() / max(counts.sum().item(), 1)
+
+
+def frequency_vocab(sequences: list[Sequence], size: int, vocab_size: int, always: set[int]) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent assistant tokens (plus `always`), sorted by id; and the share of assistant tokens
+    they cover."""
+    counts = assistant_counts(sequences, vocab_size)
     ranking = counts.clone()
     ranking[list(always)] = ranking.max() + 1
     ids = torch.topk(ranking, size).indices
-    return ids.sort().values, counts[ids].sum().item() / max(counts.sum().item(), 1)
+    return ids.sort().values, coverage_of(ids, counts)
 
 
 def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]) -> tuple[Drafter, float]:
+    """A new drafter with a frequency-ranked draft vocabulary, or the `init` drafter; and the share of the data's
+    assistant tokens its draft vocabulary covers."""
     if config.drafter not in ("eagle2", "gumiho"):
         raise GumihoError(f"--drafter must be eagle2 or gumiho, not {config.drafter!r}")
     vocab_size = target.vocab_size
-    size = min(config.draft_vocab, vocab_size) if config.draft_vocab else 0
-    drafter = new_drafter(config.drafter, target.model.config, seed=config.seed, draft_vocab_size=size,
-                          target=target.name)
+    if config.init:
+        drafter = Drafter.from_pretrained(config.init)
+        if drafter.kind != config.drafter:
+            raise GumihoError(f"--init {config.init} is a {drafter.kind} drafter, not {config.drafter}")
+        size = drafter.config.draft_vocab_size
+    else:
+        size = min(config.draft_vocab, vocab_size) if config.draft_vocab else 0
+        drafter = new_drafter(config.drafter, target.model.config, seed=config.seed, draft_vocab_size=size,
+                              target=target.name)
     coverage = 1.0
-    if size:
+    if size and not config.init:
         ids, coverage = frequency_vocab(sequences, size, vocab_size, target.eos_ids)
         drafter.draft_vocab.copy_(ids)
+    elif size:
+        coverage = coverage_of(drafter.draft_vocab, assistant_counts(sequences, vocab_size))
     # Trained in fp32 whatever the target's dtype; the shared weights are frozen plain tensors, not parameters.
     drafter.attach(target.embed_weight.float(), target.head_weight.float())
     return drafter, coverage
@@ -121,6 +143,8 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 
 
 def train(config: TrainConfig, target: Target) -> Path:
+    if config.unroll < 1:
+        raise GumihoError(f"--unroll must be >= 1, got {config.unroll}")
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
@@ -130,6 +154,7 @@ def train(config: TrainConfig, target: Target) -> Path:
     drafter, coverage = build_drafter(config, target, sequences)
     drafter.train()
     dev = target.device
+    sequences = on_device(sequences, dev)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # the drafter trains in fp32; TF32 matmuls are ~8x faster
     groups = plan_batches([len(s.input_ids) for s in sequences], config.batch_tokens)
@@ -168,7 +193,7 @@ def train(config: TrainConfig, target: Target) -> Path:
 
     if length["fixed"]:
         write_length()
-    generator = torch.Generator()
+    generator = torch.Generator(device=dev)
     started, window = time.time() - state["elapsed"], []
     while state["epoch"] < config.epochs and state["step"] < length["steps"]:
         order = epoch_order(groups, config.seed, state["epoch"])
@@ -176,7 +201,7 @@ def train(config: TrainConfig, target: Target) -> Path:
         while state["batch"] < len(order) and state["step"] < length["steps"]:
             batch = collate([sequences[i] for i in order[state["batch"]]], dev)
             generator.manual_seed(config.seed * 1_000_003 + state["step"])
-            loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator)
+            loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator, config.unroll)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
@@ -198,12 +223,13 @@ def train(config: TrainConfig, target: Target) -> Path:
                 write_length()
             total_steps = length["steps"]
             if state["step"] % config.log_every == 0 or state["step"] == total_steps:
-                mean = {k: sum(p.get(k, 0.0) for p in window) / len(window) for k in window[-1]}
+                mean = mean_parts(window)
                 state["history"].append({"step": state["step"], "epoch": state["epoch"], **mean})
                 rate = state["tokens"] / max(state["elapsed"], 1e-9)
                 eta = (total_steps - state["step"]) * state["elapsed"] / state["step"]
-                log.info("step %d/%d epoch %d loss %.4f lv %.4f lp %.3f acc1 %.3f%s | %.0f tok/s, eta %.0f min",
+                log.info("step %d/%d epoch %d loss %.4f lv %.4f lp %.3f acc1 %.3f%s%s | %.0f tok/s, eta %.0f min",
                          state["step"], total_steps, state["epoch"], mean["loss"], mean["lv"], mean["lp"], mean["acc1"],
+                         "".join(f" acc{k} {mean[f'acc{k}']:.3f}" for k in range(2, config.unroll + 1)),
                          "".join(f" mlp{i} {mean[f'acc_mlp{i}']:.3f}" for i in range(5) if f"acc_mlp{i}" in mean),
                          rate, eta / 60)
                 window = []
@@ -227,6 +253,7 @@ def train(config: TrainConfig, target: Target) -> Path:
         "steps": state["step"],
         "epochs_seen": round(state["epoch"] + state["batch"] / len(groups), 3),
         "wall_time_s": round(state["elapsed"], 1),
+        "draft_vocab_size": drafter.config.draft_vocab_size,
         "draft_vocab_coverage": coverage,
         "final": state["history"][-1] if state["history"] else {},
         "history": state["history"],
