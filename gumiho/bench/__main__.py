@@ -21,7 +21,7 @@ from .datasets import DATASETS, DEFAULT_DIR
 from .harness import VARIANTS, BenchSettings, make_variants
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
-QUICK = {"limit": 5, "max_new_tokens": 128}
+QUICK = {"limit": 4, "max_new_tokens": 128}  # ~16 min on the 2-core CPU; 5 prompts took 19-23 min
 
 
 def positive(text: str) -> int:
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", nargs="+", default=list(DATASETS),
                    help=f"names in --data ({' '.join(DATASETS)}) or paths to .jsonl files")
     p.add_argument("--data", type=Path, default=DEFAULT_DIR, help="folder of the benchmark .jsonl files")
-    p.add_argument("--limit", type=positive, help="prompts per dataset (default: all; 5 with --quick)")
+    p.add_argument("--limit", type=positive, help="prompts per dataset (default: all; 4 with --quick)")
     p.add_argument("--max-new-tokens", type=positive, help="default 256 (128 with --quick)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], help="e.g. 0 1")
     p.add_argument("--seeds", nargs="+", type=int, default=[0], help="sampling seeds (T > 0 runs once per seed)")
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tree budget for EAGLE-2 and Gumiho alike, or 'auto' (chosen per method on this device); "
                         "default: the device default (matched on CPU)")
     p.add_argument("--tree-top-k", type=positive, help="top_k for both drafters (with 'auto': the only one tried)")
-    p.add_argument("--quick", action="store_true", help="5 prompts per task, 128 new tokens (unless given)")
+    p.add_argument("--quick", action="store_true", help="4 prompts per task, 128 new tokens (unless given)")
     p.add_argument("--model", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--eagle2-drafter", help="EAGLE-2 drafter folder (default: the shipped one)")
     p.add_argument("--gumiho-drafter", help="Gumiho drafter folder (default: the shipped one)")
