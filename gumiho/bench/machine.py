@@ -38,16 +38,18 @@ def _memory_gib() -> float | None:
 def describe(device: torch.device, dtype: torch.dtype) -> dict:
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
+    packed = device.type == "cpu" and dtype == torch.float32 and packing_enabled()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         description = f"{name} (GPU), {str(dtype).removeprefix('torch.')}"
     else:
         name = _cpu_name()
         description = f"{name}, {cores} cores, {threads} torch threads, {str(dtype).removeprefix('torch.')}"
-        if packing_enabled() and dtype == torch.float32:
+        if packed:
             description += ", oneDNN-packed matmuls"
     return {"description": description, "device": device.type, "device_name": name, "cpu": _cpu_name(),
-            "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype), "packed_matmuls": device.type == "cpu" and dtype == torch.float32 and packing_enabled(),
+            "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype),
+            "packed_matmuls": packed,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 

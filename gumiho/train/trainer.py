@@ -91,17 +91,16 @@ def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]
         drafter = Drafter.from_pretrained(config.init)
         if drafter.kind != config.drafter:
             raise GumihoError(f"--init {config.init} is a {drafter.kind} drafter, not {config.drafter}")
-        size = drafter.config.draft_vocab_size
+        coverage = 1.0 if drafter.draft_vocab is None else coverage_of(drafter.draft_vocab,
+                                                                        assistant_counts(sequences, vocab_size))
     else:
         size = min(config.draft_vocab, vocab_size) if config.draft_vocab else 0
         drafter = new_drafter(config.drafter, target.model.config, seed=config.seed, draft_vocab_size=size,
                               target=target.name)
-    coverage = 1.0
-    if size and not config.init:
-        ids, coverage = frequency_vocab(sequences, size, vocab_size, target.eos_ids)
-        drafter.draft_vocab.copy_(ids)
-    elif size:
-        coverage = coverage_of(drafter.draft_vocab, assistant_counts(sequences, vocab_size))
+        coverage = 1.0
+        if size:
+            ids, coverage = frequency_vocab(sequences, size, vocab_size, target.eos_ids)
+            drafter.draft_vocab.copy_(ids)
     # Trained in fp32 whatever the target's dtype; the shared weights are frozen plain tensors, not parameters.
     drafter.attach(target.embed_weight.float(), target.head_weight.float())
     return drafter, coverage
