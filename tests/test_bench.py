@@ -207,6 +207,57 @@ def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
     assert header in markdown
 
 
+def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    from gumiho.bench import harness
+    from gumiho.errors import GumihoError
+
+    engine = tiny_engine()
+    argv = ["--datasets", "mt_bench", "gsm8k", "--limit", "2", "--max-new-tokens", "6", "--name", "run",
+            "--cost-repeats", "1", "--no-progress", "--no-profile", "--total-tokens", "auto", "--tree-top-k", "2"]
+
+    def bench(out: Path, *extra: str) -> dict[str, Path]:
+        args = build_parser().parse_args(argv + ["--out", str(out), *extra])
+        return execute(engine, args, argv, bench_settings(args))
+
+    whole = pd.read_csv(bench(tmp_path / "whole")["per_prompt"])
+
+    real, calls = harness.run_conversation, []
+
+    def stop_at_third(*a, **k):
+        calls.append(a[2].question_id)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(harness, "run_conversation", stop_at_third)
+    out = tmp_path / "split"
+    with pytest.raises(KeyboardInterrupt):
+        bench(out)
+    journal = out / "run.partial.jsonl"
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert "identity" in lines[0] and [line["job"][0] for line in lines if "job" in line] == ["mt_bench"] * 2
+    assert lines[0]["setup"]["trees"]["gumiho"]["top_k"] == 2  # the automatic choice is kept for the resumed part
+
+    with pytest.raises(GumihoError, match=r"holds an unfinished run \(2 conversations done\): add --resume"):
+        bench(out)
+    with pytest.raises(GumihoError, match="cannot resume .* started with other settings"):
+        bench(out, "--resume", "--max-new-tokens", "5")
+
+    calls.clear()
+    paths = bench(out, "--resume")
+    assert len(calls) == 2 and not journal.exists()  # only the two unfinished conversations ran
+    result = json.loads(paths["json"].read_text())
+    assert result["segments"] == 2 and "--resume" not in result["command"]
+    assert result["cost_curve"] == lines[0]["setup"]["cost_curve"] and result["load"]["own_cpu_share"] > 0
+    assert "over 2 resumed processes" in paths["markdown"].read_text()
+    split = pd.read_csv(paths["per_prompt"])
+    columns = ["dataset", "question_id", "method", "new_tokens", "same_as_ar"]  # the auto tree may differ
+    assert len(split) == 4 * 4 and split[columns].equals(whole[columns])
+    chosen = {m: lines[0]["setup"]["trees"][m]["total_tokens"] for m in ("eagle2", "gumiho")}
+    drafted = split[split["method"] != "ar"]
+    assert (drafted["total_tokens"] == drafted["method"].str.split("+").str[0].map(chosen)).all()
+
+
 def test_run_matrix_both_turns_temperatures_and_seeds(tmp_path):
     engine = tiny_engine()
     engine.target.tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"

@@ -2,8 +2,9 @@
 
 Quick mode (a few prompts per task, 128 new tokens, T = 0; under 20 minutes on the 2-core CPU):
     python -m gumiho bench --quick
-Full run (80 prompts per task, 256 new tokens, T = 0 and 1):
-    python -m gumiho bench --temperatures 0 1 --name cpu
+Full run (80 prompts per task, 256 new tokens, T = 0; add `--temperatures 0 1` for sampling too). It takes hours
+on a CPU: every finished prompt is journaled, and the same command with --resume continues a stopped run:
+    python -m gumiho bench --name cpu --resume
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive, help="torch threads, the same for every method (default: all cores)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: assets/bench)")
     p.add_argument("--name", help="results file stem (default: <device>[-quick])")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run journaled in <out>/<name>.partial.jsonl (same arguments)")
     p.add_argument("--cost-repeats", type=positive, default=5, help="timed repeats per size of the cost curve")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the per-cycle profile")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -107,39 +110,69 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     return settings
 
 
+def run_identity(engine, args: argparse.Namespace, settings: BenchSettings) -> dict:
+    """What a resumed run must share with the journal it continues: settings, model, drafters, machine."""
+    from .journal import weights_digest
+    from .machine import describe
+
+    machine = describe(engine.target.device, engine.target.dtype)
+    return {"settings": settings.to_dict(), "methods": list(args.methods), "total_tokens": args.total_tokens,
+            "tree_top_k": args.tree_top_k, "model": engine.target.name,
+            "drafters": {m: [name, weights_digest(engine.drafters[m])] for m, name in engine.drafter_names.items()},
+            "machine": {k: machine[k] for k in ("device", "device_name", "threads", "dtype", "packed_matmuls")}}
+
+
 def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSettings) -> dict[str, Path]:
-    """Cost curve, tree choice, the interleaved runs, the profile; writes the results and returns their paths."""
+    """Cost curve, tree choice, the interleaved runs, the profile; writes the results and returns their paths.
+
+    Every finished conversation is journaled (`<name>.partial.jsonl`), so `--resume` continues a stopped run with
+    the cost curve and trees it chose."""
     from dataclasses import asdict
 
     import pandas as pd
     import torch
 
+    from ..tree import TreeSettings
+    from .breakdown import profile
     from .datasets import load_questions
     from .harness import run_bench
+    from .journal import Journal
     from .machine import LoadMonitor, describe
     from .metrics import TAU_DEFINITION, add_speedups, summarize
     from .metrics import __doc__ as metric_doc
-    from .breakdown import profile
     from .report import speed_table, write
-    from .tree_size import measure_cost_curve
+    from .tree_size import CostCurve, measure_cost_curve
 
-    started, target = time.perf_counter(), engine.target
+    target = engine.target
+    name = args.name or f"{target.device.type}{'-quick' if args.quick else ''}"
+    journal = Journal.open(args.out / f"{name}.partial.jsonl", run_identity(engine, args, settings), args.resume)
+    if journal.done:
+        print(f"resuming {journal.path}: {len(journal.done)} conversations done", file=sys.stderr)
     print(TAU_DEFINITION, file=sys.stderr)
     with LoadMonitor() as load:
-        cost = measure_cost_curve(target, repeats=args.cost_repeats, progress=args.progress)
-        trees, auto = choose_trees(engine, args, cost)
+        if journal.setup is None:
+            cost = measure_cost_curve(target, repeats=args.cost_repeats, progress=args.progress)
+            trees, auto = choose_trees(engine, args, cost)
+            journal.begin({"cost_curve": asdict(cost), "trees": {m: t.to_dict() for m, t in trees.items()},
+                           "auto_tree": auto})
+        else:
+            journal.begin()
+        cost = CostCurve(**journal.setup["cost_curve"])
+        trees = {m: TreeSettings(**t) for m, t in journal.setup["trees"].items()}
         variants = make_variants(args.methods, trees)
-        per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress))
+        per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress, done=journal.done,
+                                            on_job=lambda key, rows: journal.record(key, rows, load.take())))
         first = load_questions(settings.datasets[0], settings.data_dir, 1)[0].turns[0]
         prof = profile(engine, variants, first, settings.max_new_tokens) if args.profile else pd.DataFrame()
     summary = summarize(per_prompt)
     result = {
-        "name": args.name or f"{target.device.type}{'-quick' if args.quick else ''}",
+        "name": name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m gumiho bench " + shlex.join(argv),
-        "duration_s": round(time.perf_counter() - started, 1),
+        "command": "python -m gumiho bench " + shlex.join(a for a in argv if a != "--resume"),
+        "duration_s": round(journal.duration_s(), 1),
+        "segments": journal.segments(),
         "machine": describe(target.device, target.dtype),
-        "load": load.summary(torch.get_num_threads()),
+        "load": load.summary(torch.get_num_threads(), earlier=journal.earlier_load()),
         "model": target.name,
         "drafters": dict(engine.drafter_names),
         "settings": settings.to_dict(),
@@ -148,9 +181,10 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
                         "the same prompt in the same run (methods interleaved), then averaged",
                         "metrics": metric_doc},
         "cost_curve": asdict(cost),
-        "auto_tree": auto,
+        "auto_tree": journal.setup["auto_tree"],
     }
     paths = write(args.out, result, per_prompt, summary, prof)
+    journal.finish()
     for temperature in settings.temperatures:
         print(f"\nT = {temperature:g}\n{speed_table(summary, temperature)}")
     print(f"\nwrote {', '.join(str(p) for p in paths.values())} in {result['duration_s'] / 60:.1f} min "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from tqdm import tqdm
@@ -19,6 +20,7 @@ from ..sampling import SamplingConfig
 from ..trace import CycleTrace, GenerationTrace
 from ..tree import TreeSettings
 from .datasets import DEFAULT_DIR, Question, encode_conversation, load_questions
+from .journal import JobKey
 from .metrics import prompt_row
 
 VARIANTS = ("ar", "eagle2", "gumiho", "gumiho+fta")
@@ -119,14 +121,28 @@ def run_conversation(engine: Engine, variants: list[Variant], question: Question
     return rows
 
 
-def run_bench(engine: Engine, variants: list[Variant], settings: BenchSettings, progress: bool = True) -> pd.DataFrame:
-    """Warm up on the first question, then run every variant on every prompt; returns the per-prompt table."""
+def run_bench(engine: Engine, variants: list[Variant], settings: BenchSettings, progress: bool = True,
+              done: dict[JobKey, list[dict]] | None = None,
+              on_job: Callable[[JobKey, list[dict]], None] | None = None) -> pd.DataFrame:
+    """Warm up on the first question, then run every variant on every prompt; returns the per-prompt table.
+
+    `done` holds the rows of conversations finished earlier (a resumed run): they are not run again. `on_job` is
+    called with each newly finished conversation's key and rows (to journal them)."""
+    done = done or {}
     questions = [q for name in settings.datasets for q in load_questions(name, settings.data_dir, settings.limit)]
-    warm_up(engine, variants, questions[0], settings)
-    jobs = [(q, t, s) for q in questions for t, s in settings.runs()]
-    total = sum(len(settings.turns(q)) * len(active(variants, t)) for q, t, _ in jobs)
+    jobs = [((q.dataset, q.question_id, t, s), q) for q in questions for t, s in settings.runs()]
+    size = {key: len(settings.turns(q)) * len(active(variants, key[2])) for key, q in jobs}
     rows: list[dict] = []
-    with tqdm(total=total, desc="bench", unit="gen", disable=not progress) as bar:
-        for slot, (question, temperature, seed) in enumerate(jobs):
-            rows.extend(run_conversation(engine, variants, question, temperature, seed, settings, slot, bar))
+    with tqdm(total=sum(size.values()), initial=sum(size[k] for k in size if k in done), desc="bench", unit="gen",
+              disable=not progress) as bar:
+        if any(key not in done for key, _ in jobs):
+            warm_up(engine, variants, questions[0], settings)
+        for slot, (key, question) in enumerate(jobs):  # the slot (variant order) does not depend on resuming
+            if key in done:
+                rows.extend(done[key])
+                continue
+            new = run_conversation(engine, variants, question, key[2], key[3], settings, slot, bar)
+            if on_job:
+                on_job(key, new)
+            rows.extend(new)
     return pd.DataFrame(rows)

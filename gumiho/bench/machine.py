@@ -55,10 +55,13 @@ def describe(device: torch.device, dtype: torch.dtype) -> dict:
 
 
 class LoadMonitor:
-    """Samples the 1-minute load average every `every` seconds and this process's CPU time over the run."""
+    """Samples the 1-minute load average every `every` seconds and this process's CPU time over the run.
+
+    `take()` cuts the record so far into a piece (samples, wall_s, cpu_s) that a journal can store; `summary` merges
+    the pieces of earlier processes of a resumed run with this one's."""
 
     def __init__(self, every: float = 5.0):
-        self.every, self.samples = every, [os.getloadavg()[0]]
+        self.every, self.samples, self.pieces = every, [os.getloadavg()[0]], []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._wall, self._cpu = time.perf_counter(), time.process_time()
@@ -75,18 +78,30 @@ class LoadMonitor:
         self._stop.set()
         self._thread.join()
         self.samples.append(os.getloadavg()[0])
-        self.wall_s = time.perf_counter() - self._wall
-        self.cpu_s = time.process_time() - self._cpu
+        self.take()
 
-    def summary(self, threads: int) -> dict:
+    def take(self) -> dict:
+        """The samples, wall and CPU seconds since the last take (or the start)."""
+        samples, self.samples = self.samples, []
+        wall, cpu = time.perf_counter(), time.process_time()
+        piece = {"load": [round(x, 2) for x in samples], "wall_s": round(wall - self._wall, 3),
+                 "cpu_s": round(cpu - self._cpu, 3)}
+        self._wall, self._cpu = wall, cpu
+        self.pieces.append(piece)
+        return piece
+
+    def summary(self, threads: int, earlier: list[dict] = ()) -> dict:
+        pieces = [*earlier, *self.pieces]
+        samples = [x for p in pieces for x in p["load"]] or [os.getloadavg()[0]]
+        wall, cpu = sum(p["wall_s"] for p in pieces), sum(p["cpu_s"] for p in pieces)
         cores = os.cpu_count() or 1
-        share = self.cpu_s / (self.wall_s * threads) if self.wall_s > 0 else 0.0
-        mean, peak = statistics.mean(self.samples), max(self.samples)
+        share = cpu / (wall * threads) if wall > 0 else 0.0
+        mean, peak = statistics.mean(samples), max(samples)
         return {
             "loadavg_mean": round(mean, 2), "loadavg_max": round(peak, 2), "cores": cores,
             "own_cpu_share": round(share, 3),
             "description": (f"1-min load average {mean:.1f} mean / {peak:.1f} max on {cores} cores (this run "
-                            f"itself adds up to {threads}); this process got {share:.0%} of its {threads} "
+                            f"itself adds up to {threads}); the benchmark got {share:.0%} of its {threads} "
                             f"threads' CPU time" + ("" if mean <= cores else ": the machine was oversubscribed, "
                                                                              "absolute timings are skewed")),
         }

@@ -2,9 +2,10 @@
 
 Files in the results folder (default `assets/bench/`), all named after the run (`--name`, e.g. `cpu-quick`):
 
-  <name>.json              schema 1: {"schema", "name", "created", "command", "duration_s", "machine", "load",
-                           "model", "drafters", "settings", "variants", "definitions", "summary", "cost_curve",
-                           "auto_tree", "profile", "files"}; "summary" / "profile" are lists of the rows of the CSVs
+  <name>.json              schema 1: {"schema", "name", "created", "command", "duration_s", "segments", "machine",
+                           "load", "model", "drafters", "settings", "variants", "definitions", "summary",
+                           "cost_curve", "auto_tree", "profile", "files"}; "segments" counts the processes of a
+                           resumed run (1 otherwise); "summary" / "profile" are lists of the rows of the CSVs
                            below; "cost_curve" is {"device", "threads", "kv_length", "sizes", "ms"}; "auto_tree"
                            maps a method to {"method", "settings", "candidates", "cost_curve"} (empty when the
                            tree size was not chosen automatically)
@@ -106,7 +107,8 @@ def markdown(result: dict, summary: pd.DataFrame, profile: pd.DataFrame) -> str:
         f"# Benchmark `{result['name']}`",
         f"{m['description']}; {result['settings']['max_new_tokens']} new tokens, "
         f"{result['settings']['limit'] or 'all'} prompts per task; load: {result['load']['description']}; "
-        f"took {result['duration_s'] / 60:.1f} min.",
+        f"took {result['duration_s'] / 60:.1f} min"
+        + (f" over {result['segments']} resumed processes." if result.get("segments", 1) > 1 else "."),
         f"Command: `{result['command']}`",
         result["definitions"]["tau"] + ". " + result["definitions"]["speedup"],
     ]

@@ -1,0 +1,109 @@
+"""The journal of a benchmark run in progress, so that a run of many hours survives a crash, a reboot or Ctrl-C.
+
+`<name>.partial.jsonl` in the results folder, one JSON object per line:
+  {"identity": {...}, "setup": {"cost_curve", "trees", "auto_tree"}}   first line: what the run measures and the
+                                                                       trees it chose, reused when it resumes
+  {"segment": k, "started": iso time}                                  one per process that worked on the run
+  {"job": [dataset, question_id, temperature, seed], "segment": k,     one per finished conversation: its rows,
+   "t": s, "rows": [...], "load": [...], "wall_s": s, "cpu_s": s}      the seconds since its segment started, and
+                                                                       the load samples and CPU time meanwhile
+`python -m gumiho bench --resume` with the same settings skips the journaled conversations; the journal is deleted
+once the results are written. Without --resume an unfinished journal is an error, never silently overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ..errors import GumihoError
+
+JobKey = tuple[str, object, float, int]
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """sha256 over a module's state_dict (names, shapes, bytes): tells whether a drafter changed between runs."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class Journal:
+    path: Path
+    identity: dict
+    setup: dict | None = None
+    done: dict[JobKey, list[dict]] = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)
+    segment: int = 0
+    _started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def open(cls, path: Path, identity: dict, resume: bool) -> Journal:
+        """Start a journal at `path`, or with `resume` continue the one there (it must have the same identity)."""
+        identity = json.loads(json.dumps(identity))  # compare in the form it is stored in
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return cls(path, identity)
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not lines or "identity" not in lines[0]:
+            raise GumihoError(f"{path} is not a benchmark journal; delete it or choose another --name")
+        records = [line for line in lines if "job" in line]
+        if not resume:
+            raise GumihoError(f"{path} holds an unfinished run ({len(records)} conversations done): add --resume "
+                              "to continue it, or delete the file to start over")
+        if lines[0]["identity"] != identity:
+            changed = sorted(k for k in identity.keys() | lines[0]["identity"].keys()
+                             if identity.get(k) != lines[0]["identity"].get(k))
+            raise GumihoError(f"cannot resume {path}: it was started with other {', '.join(changed)}; use the same "
+                              "command and drafters, or delete the file to start over")
+        journal = cls(path, identity, setup=lines[0]["setup"], records=records,
+                      segment=1 + max((line["segment"] for line in lines if "started" in line), default=-1))
+        journal.done = {tuple(r["job"]): r["rows"] for r in records}
+        return journal
+
+    def begin(self, setup: dict | None = None) -> None:
+        """Write the header with `setup` (a new run) and this process's segment line."""
+        if self.setup is None:
+            self.setup = json.loads(json.dumps(setup))
+            self._append({"identity": self.identity, "setup": self.setup})
+        self._started = time.perf_counter()
+        self._append({"segment": self.segment, "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+    def record(self, key: JobKey, rows: list[dict], load: dict) -> None:
+        """Journal one finished conversation; `load` holds its load samples, wall_s and cpu_s."""
+        record = {"job": list(key), "segment": self.segment, "t": round(time.perf_counter() - self._started, 2),
+                  "rows": rows, **load}
+        self._append(record)
+        self.records.append(record)
+        self.done[key] = rows
+
+    def duration_s(self) -> float:
+        """Earlier segments up to their last finished conversation, plus this one so far."""
+        last: dict[int, float] = {}
+        for r in self.records:
+            if r["segment"] != self.segment:
+                last[r["segment"]] = max(last.get(r["segment"], 0.0), r["t"])
+        return sum(last.values()) + time.perf_counter() - self._started
+
+    def earlier_load(self) -> list[dict]:
+        """The load pieces (samples, wall_s, cpu_s) journaled by earlier processes of this run."""
+        return [{k: r[k] for k in ("load", "wall_s", "cpu_s")} for r in self.records if r["segment"] != self.segment]
+
+    def segments(self) -> int:
+        return self.segment + 1
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _append(self, line: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
