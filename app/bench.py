@@ -1,7 +1,8 @@
 """Read the benchmark harness's results from assets/bench/ (written by `python -m gumiho bench`).
 
 A run `<name>` is `<name>.json` with its companions `<name>.md` (the report) and `<name>.summary.csv` etc. The
-JSON's `summary` rows (temperature, method, dataset, tau, speedup, accept_1..7, ...) feed the charts. Anything
+JSON's `summary` rows (temperature, method, dataset, tau, speedup, accept_1..7, ...) feed the charts. A run still
+in progress is read from its journal `<name>.partial.jsonl` (the prompts finished so far). Anything
 else is shown as plainly as possible: a CSV without a run is a table, a JSON without `summary` becomes tables
 (lists of records) and notes (scalars). Unreadable files become notes, never errors.
 """
@@ -13,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from gumiho.bench.journal import read_journal
+from gumiho.bench.metrics import summarize
 
 BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench"
 QUICK_COMMAND = "python -m gumiho bench --quick"
@@ -64,8 +68,22 @@ def _read_json(path: Path) -> BenchRun:
     return run
 
 
+def _read_journal(path: Path) -> BenchRun:
+    """A run in progress: the harness journals each finished conversation in `<name>.partial.jsonl`."""
+    name = path.name.removesuffix(".partial.jsonl") + " (in progress)"
+    try:
+        header, rows = read_journal(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return BenchRun(name, notes=[f"could not read `{path.name}`: {exc}"])
+    command = header["setup"].get("command", "python -m gumiho bench ...")
+    done = rows.groupby("dataset", sort=False)["question_id"].nunique() if len(rows) else pd.Series(dtype=int)
+    notes = [f"**{done.sum()} prompts done so far** ({', '.join(f'{d}: {n}' for d, n in done.items())}); the "
+             f"tables grow as the run goes on. Continue a stopped run with `{command} --resume`."]
+    return BenchRun(name, summary=summarize(rows) if len(rows) else None, notes=notes)
+
+
 def read_runs(folder: Path = BENCH) -> list[BenchRun]:
-    """Every run in `folder`, newest file first."""
+    """Runs in progress (journals) first, then every finished run in `folder`, newest file first."""
     if not folder.is_dir():
         return []
     files = sorted(folder.glob("*.json"), key=lambda p: (-p.stat().st_mtime, p.name))
@@ -75,6 +93,7 @@ def read_runs(folder: Path = BENCH) -> list[BenchRun]:
             runs.append(_read_json(path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             runs.append(BenchRun(path.stem, notes=[f"could not read `{path.name}`: {exc}"]))
+    runs[:0] = [_read_journal(path) for path in sorted(folder.glob("*.partial.jsonl"))]
     owned = tuple(f"{p.stem}." for p in files)
     for path in sorted(folder.glob("*.csv")):
         if path.name.startswith(owned):

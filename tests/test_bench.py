@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from app.bench import read_runs
 from gumiho.bench.__main__ import bench_settings, build_parser, execute
 from gumiho.bench.__main__ import main as bench_main
 from gumiho.bench.harness import VARIANTS, BenchSettings, make_variants, run_bench
@@ -237,6 +238,10 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
     assert "identity" in lines[0] and [line["job"][0] for line in lines if "job" in line] == ["mt_bench"] * 2
     assert lines[0]["setup"]["trees"]["gumiho"]["top_k"] == 2  # the automatic choice is kept for the resumed part
+    (progress,) = read_runs(out)  # the app's Benchmarks tab shows the run in progress
+    assert progress.name == "run (in progress)" and set(progress.summary["dataset"]) == {"mt_bench", "mean"}
+    assert progress.summary.set_index(["method", "dataset"]).at[("ar", "mt_bench"), "prompts"] == 2
+    assert "2 prompts done so far** (mt_bench: 2)" in progress.notes[0] and "--tree-top-k 2 --resume`" in progress.notes[0]
 
     with pytest.raises(GumihoError, match=r"holds an unfinished run \(2 conversations done\): add --resume"):
         bench(out)

@@ -153,8 +153,8 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
         if journal.setup is None:
             cost = measure_cost_curve(target, repeats=args.cost_repeats, progress=args.progress)
             trees, auto = choose_trees(engine, args, cost)
-            journal.begin({"cost_curve": asdict(cost), "trees": {m: t.to_dict() for m, t in trees.items()},
-                           "auto_tree": auto})
+            journal.begin({"command": "python -m gumiho bench " + shlex.join(argv), "cost_curve": asdict(cost),
+                           "trees": {m: t.to_dict() for m, t in trees.items()}, "auto_tree": auto})
         else:
             journal.begin()
         cost = CostCurve(**journal.setup["cost_curve"])

@@ -1,8 +1,8 @@
 """The journal of a benchmark run in progress, so that a run of many hours survives a crash, a reboot or Ctrl-C.
 
 `<name>.partial.jsonl` in the results folder, one JSON object per line:
-  {"identity": {...}, "setup": {"cost_curve", "trees", "auto_tree"}}   first line: what the run measures and the
-                                                                       trees it chose, reused when it resumes
+  {"identity": {...}, "setup": {"command", "cost_curve", "trees",      first line: what the run measures and the
+                                 "auto_tree"}}                         trees it chose, reused when it resumes
   {"segment": k, "started": iso time}                                  one per process that worked on the run
   {"job": [dataset, question_id, temperature, seed], "segment": k,     one per finished conversation: its rows,
    "t": s, "rows": [...], "load": [...], "wall_s": s, "cpu_s": s}      the seconds since its segment started, and
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from ..errors import GumihoError
@@ -107,3 +108,12 @@ class Journal:
     def _append(self, line: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def read_journal(path: Path) -> tuple[dict, pd.DataFrame]:
+    """A journal's first line (identity and setup) and the per-prompt rows of its finished conversations, for a
+    look at a run in progress."""
+    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines or "identity" not in lines[0]:
+        raise ValueError(f"{path} is not a benchmark journal")
+    return lines[0], pd.DataFrame([row for line in lines if "job" in line for row in line["rows"]])
