@@ -222,11 +222,12 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
 
     whole = pd.read_csv(bench(tmp_path / "whole")["per_prompt"])
 
-    real, calls = harness.run_conversation, []
+    real, calls, stops = harness.run_conversation, [], [3]
 
-    def stop_at_third(*a, **k):
+    def stop_at_third(*a, **k):  # Ctrl-C during the third conversation of the first attempt
         calls.append(a[2].question_id)
-        if len(calls) == 3:
+        if len(calls) in stops:
+            stops.clear()
             raise KeyboardInterrupt
         return real(*a, **k)
 
@@ -248,9 +249,12 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
     with pytest.raises(GumihoError, match="cannot resume .* started with other settings"):
         bench(out, "--resume", "--max-new-tokens", "5")
 
+    # The first conversation got a fraction of its CPU time (another program was busy): it is measured again.
+    disturbed = dict(lines[2], cpu_s=0.0)
+    journal.write_text("\n".join(json.dumps(line) for line in [lines[0], lines[1], disturbed, *lines[3:]]) + "\n")
     calls.clear()
     paths = bench(out, "--resume")
-    assert len(calls) == 2 and not journal.exists()  # only the two unfinished conversations ran
+    assert calls == [disturbed["job"][1], "0", "1"] and not journal.exists()  # and the two unfinished ones
     result = json.loads(paths["json"].read_text())
     assert result["segments"] == 2 and "--resume" not in result["command"]
     assert result["cost_curve"] == lines[0]["setup"]["cost_curve"] and result["load"]["own_cpu_share"] > 0

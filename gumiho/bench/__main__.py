@@ -111,14 +111,22 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
 
 
 def run_identity(engine, args: argparse.Namespace, settings: BenchSettings) -> dict:
-    """What a resumed run must share with the journal it continues: settings, model, drafters, machine."""
+    """What a resumed run must share with the journal it continues: settings, prompts, model, drafter weights and
+    machine (contents, not paths, so a run can move to another checkout)."""
+    import hashlib
+    import json
+
+    from .datasets import load_questions
     from .journal import weights_digest
     from .machine import describe
 
+    questions = [[q.dataset, q.question_id, q.turns] for name in settings.datasets
+                 for q in load_questions(name, settings.data_dir, settings.limit)]
     machine = describe(engine.target.device, engine.target.dtype)
-    return {"settings": settings.to_dict(), "methods": list(args.methods), "total_tokens": args.total_tokens,
-            "tree_top_k": args.tree_top_k, "model": engine.target.name,
-            "drafters": {m: [name, weights_digest(engine.drafters[m])] for m, name in engine.drafter_names.items()},
+    return {"settings": {k: v for k, v in settings.to_dict().items() if k != "data_dir"},
+            "prompts": hashlib.sha256(json.dumps(questions).encode()).hexdigest()[:16],
+            "methods": list(args.methods), "total_tokens": args.total_tokens, "tree_top_k": args.tree_top_k,
+            "model": engine.target.name, "drafters": {m: weights_digest(d) for m, d in engine.drafters.items()},
             "machine": {k: machine[k] for k in ("device", "device_name", "threads", "dtype", "packed_matmuls")}}
 
 
@@ -136,7 +144,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     from .breakdown import profile
     from .datasets import load_questions
     from .harness import run_bench
-    from .journal import Journal
+    from .journal import MIN_CPU_SHARE, Journal
     from .machine import LoadMonitor, describe
     from .metrics import TAU_DEFINITION, add_speedups, summarize
     from .metrics import __doc__ as metric_doc
@@ -145,9 +153,13 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
 
     target = engine.target
     name = args.name or f"{target.device.type}{'-quick' if args.quick else ''}"
-    journal = Journal.open(args.out / f"{name}.partial.jsonl", run_identity(engine, args, settings), args.resume)
-    if journal.done:
-        print(f"resuming {journal.path}: {len(journal.done)} conversations done", file=sys.stderr)
+    cpu_threads = torch.get_num_threads() if target.device.type == "cpu" else None
+    journal = Journal.open(args.out / f"{name}.partial.jsonl", run_identity(engine, args, settings), args.resume,
+                           cpu_threads)
+    if journal.records:
+        print(f"resuming {journal.path}: {len(journal.done)} conversations done"
+              + (f", {journal.redo} to measure again (their CPU share was below {MIN_CPU_SHARE:.0%} of the run's "
+                 "median: the machine was busy)" if journal.redo else ""), file=sys.stderr)
     print(TAU_DEFINITION, file=sys.stderr)
     with LoadMonitor() as load:
         if journal.setup is None:

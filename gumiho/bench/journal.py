@@ -7,14 +7,17 @@
   {"job": [dataset, question_id, temperature, seed], "segment": k,     one per finished conversation: its rows,
    "t": s, "rows": [...], "load": [...], "wall_s": s, "cpu_s": s}      the seconds since its segment started, and
                                                                        the load samples and CPU time meanwhile
-`python -m gumiho bench --resume` with the same settings skips the journaled conversations; the journal is deleted
-once the results are written. Without --resume an unfinished journal is an error, never silently overwritten.
+`python -m gumiho bench --resume` with the same settings skips the journaled conversations, except, on a CPU, those
+whose share of their threads' CPU time fell below 90% of the run's median (another program took the CPU meanwhile):
+those are measured again.
+The journal is deleted once the results are written. Without --resume an unfinished journal is an error, never silently overwritten.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +29,7 @@ import torch
 from ..errors import GumihoError
 
 JobKey = tuple[str, object, float, int]
+MIN_CPU_SHARE = 0.9  # of the run's median CPU share: a CPU conversation that got less was disturbed
 
 
 def weights_digest(module: torch.nn.Module) -> str:
@@ -44,12 +48,15 @@ class Journal:
     setup: dict | None = None
     done: dict[JobKey, list[dict]] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)
+    redo: int = 0  # journaled conversations to measure again
     segment: int = 0
     _started: float = field(default_factory=time.perf_counter)
 
     @classmethod
-    def open(cls, path: Path, identity: dict, resume: bool) -> Journal:
-        """Start a journal at `path`, or with `resume` continue the one there (it must have the same identity)."""
+    def open(cls, path: Path, identity: dict, resume: bool, cpu_threads: int | None = None) -> Journal:
+        """Start a journal at `path`, or with `resume` continue the one there (it must have the same identity).
+        With `cpu_threads` (a CPU run), a conversation whose share of those threads' time is below MIN_CPU_SHARE
+        of the median share is not taken as done."""
         identity = json.loads(json.dumps(identity))  # compare in the form it is stored in
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +75,12 @@ class Journal:
                               "command and drafters, or delete the file to start over")
         journal = cls(path, identity, setup=lines[0]["setup"], records=records,
                       segment=1 + max((line["segment"] for line in lines if "started" in line), default=-1))
-        journal.done = {tuple(r["job"]): r["rows"] for r in records}
+        shares = [r["cpu_s"] / (r["wall_s"] * (cpu_threads or 1)) if r["wall_s"] > 0 else 1.0 for r in records]
+        floor = MIN_CPU_SHARE * statistics.median(shares) if cpu_threads and shares else 0.0
+        for r, share in zip(records, shares):  # a later, undisturbed measurement replaces an earlier one
+            if share >= floor:
+                journal.done[tuple(r["job"])] = r["rows"]
+        journal.redo = len({tuple(r["job"]) for r in records} - journal.done.keys())
         return journal
 
     def begin(self, setup: dict | None = None) -> None:
