@@ -17,6 +17,7 @@ import pandas as pd
 
 from gumiho.bench.journal import read_journal
 from gumiho.bench.metrics import summarize
+from gumiho.bench.report import speed_table
 
 BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench"
 QUICK_COMMAND = "python -m gumiho bench --quick"
@@ -79,7 +80,12 @@ def _read_journal(path: Path) -> BenchRun:
     done = rows.groupby("dataset", sort=False)["question_id"].nunique() if len(rows) else pd.Series(dtype=int)
     notes = [f"**{done.sum()} prompts done so far** ({', '.join(f'{d}: {n}' for d, n in done.items())}); the "
              f"tables grow as the run goes on. Continue a stopped run with `{command} --resume`."]
-    return BenchRun(name, summary=summarize(rows) if len(rows) else None, notes=notes)
+    if not len(rows):
+        return BenchRun(name, notes=notes)
+    summary = summarize(rows)
+    report = "\n\n".join(f"**T = {t:g}, prompts done so far**\n\n{speed_table(summary, t)}"
+                         for t in sorted(summary["temperature"].unique()))
+    return BenchRun(name, report=report, summary=summary, notes=notes)
 
 
 def read_runs(folder: Path = BENCH) -> list[BenchRun]:

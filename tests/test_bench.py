@@ -242,6 +242,7 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
     (progress,) = read_runs(out)  # the app's Benchmarks tab shows the run in progress
     assert progress.name == "run (in progress)" and set(progress.summary["dataset"]) == {"mt_bench", "mean"}
     assert progress.summary.set_index(["method", "dataset"]).at[("ar", "mt_bench"), "prompts"] == 2
+    assert "| Method | MT-Bench speed-up | MT-Bench τ | Mean speed-up | Mean τ |" in progress.report
     assert "2 prompts done so far** (mt_bench: 2)" in progress.notes[0] and "--tree-top-k 2 --resume`" in progress.notes[0]
 
     with pytest.raises(GumihoError, match=r"holds an unfinished run \(2 conversations done\): add --resume"):
