@@ -77,11 +77,12 @@ def _read_journal(path: Path) -> BenchRun:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return BenchRun(name, notes=[f"could not read `{path.name}`: {exc}"])
     command = header["setup"].get("command", "python -m gumiho bench ...")
-    done = rows.groupby("dataset", sort=False)["question_id"].nunique() if len(rows) else pd.Series(dtype=int)
+    resume = f"Continue a stopped run with `{command} --resume`."
+    if rows.empty:
+        return BenchRun(name, notes=[f"**0 prompts done so far.** {resume}"])
+    done = rows.groupby("dataset", sort=False)["question_id"].nunique()
     notes = [f"**{done.sum()} prompts done so far** ({', '.join(f'{d}: {n}' for d, n in done.items())}); the "
-             f"tables grow as the run goes on. Continue a stopped run with `{command} --resume`."]
-    if not len(rows):
-        return BenchRun(name, notes=notes)
+             f"tables grow as the run goes on. {resume}"]
     summary = summarize(rows)
     report = "\n\n".join(f"**T = {t:g}, prompts done so far**\n\n{speed_table(summary, t)}"
                          for t in sorted(summary["temperature"].unique()))

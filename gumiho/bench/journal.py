@@ -9,8 +9,8 @@
                                                                        the load samples and CPU time meanwhile
 `python -m gumiho bench --resume` with the same settings skips the journaled conversations, except, on a CPU, those
 whose share of their threads' CPU time fell below 90% of the run's median (another program took the CPU meanwhile):
-those are measured again.
-The journal is deleted once the results are written. Without --resume an unfinished journal is an error, never silently overwritten.
+those are measured again. The journal is deleted once the results are written. Without --resume an unfinished
+journal is an error, never silently overwritten.
 """
 
 from __future__ import annotations
@@ -61,9 +61,7 @@ class Journal:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             return cls(path, identity)
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if not lines or "identity" not in lines[0]:
-            raise GumihoError(f"{path} is not a benchmark journal; delete it or choose another --name")
+        lines = _lines(path)
         records = [line for line in lines if "job" in line]
         if not resume:
             raise GumihoError(f"{path} holds an unfinished run ({len(records)} conversations done): add --resume "
@@ -122,10 +120,15 @@ class Journal:
             f.write(json.dumps(line) + "\n")
 
 
+def _lines(path: Path) -> list[dict]:
+    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines or "identity" not in lines[0]:
+        raise GumihoError(f"{path} is not a benchmark journal; delete it or choose another --name")
+    return lines
+
+
 def read_journal(path: Path) -> tuple[dict, pd.DataFrame]:
     """A journal's first line (identity and setup) and the per-prompt rows of its finished conversations, for a
     look at a run in progress."""
-    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not lines or "identity" not in lines[0]:
-        raise ValueError(f"{path} is not a benchmark journal")
+    lines = _lines(path)
     return lines[0], pd.DataFrame([row for line in lines if "job" in line for row in line["rows"]])
