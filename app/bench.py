@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from gumiho.bench.journal import read_journal
 from gumiho.bench.metrics import summarize
+from gumiho.bench.progress import read_progress
 from gumiho.bench.report import speed_table
+from gumiho.errors import GumihoError
 
 BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench"
 QUICK_COMMAND = "python -m gumiho bench --quick"
@@ -73,18 +74,14 @@ def _read_journal(path: Path) -> BenchRun:
     """A run in progress: the harness journals each finished conversation in `<name>.partial.jsonl`."""
     name = path.name.removesuffix(".partial.jsonl") + " (in progress)"
     try:
-        header, rows = read_journal(path)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        progress = read_progress(path)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, GumihoError) as exc:
         return BenchRun(name, notes=[f"could not read `{path.name}`: {exc}"])
-    command = header["setup"].get("command", "python -m gumiho bench ...")
-    resume = f"Continue a stopped run with `{command} --resume`."
-    if rows.empty:
-        return BenchRun(name, notes=[f"**0 prompts done so far.** {resume}"])
-    done = rows.groupby("dataset", sort=False)["question_id"].nunique()
-    notes = [f"**{done.sum()} prompts done so far** ({', '.join(f'{d}: {n}' for d, n in done.items())}); the "
-             f"tables grow as the run goes on. {resume}"]
-    summary = summarize(rows)
-    report = "\n\n".join(f"**T = {t:g}, prompts done so far**\n\n{speed_table(summary, t)}"
+    notes = [f"**In progress:** {progress.describe()} The tables grow as the run goes on."]
+    if progress.rows.empty:
+        return BenchRun(name, notes=notes)
+    summary = summarize(progress.rows)
+    report = "\n\n".join(f"**T = {t:g}, conversations done so far**\n\n{speed_table(summary, t)}"
                          for t in sorted(summary["temperature"].unique()))
     return BenchRun(name, report=report, summary=summary, notes=notes)
 

@@ -208,7 +208,7 @@ def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
     assert header in markdown
 
 
-def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
     from gumiho.bench import harness
     from gumiho.errors import GumihoError
 
@@ -243,7 +243,11 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
     assert progress.name == "run (in progress)" and set(progress.summary["dataset"]) == {"mt_bench", "mean"}
     assert progress.summary.set_index(["method", "dataset"]).at[("ar", "mt_bench"), "prompts"] == 2
     assert "| Method | MT-Bench speed-up | MT-Bench τ | Mean speed-up | Mean τ |" in progress.report
-    assert "2 prompts done so far** (mt_bench: 2)" in progress.notes[0] and "--tree-top-k 2 --resume`" in progress.notes[0]
+    done = "2 of 4 conversations done (mt_bench: 2/2, gsm8k: 0/2); "
+    assert done in progress.notes[0] and "--tree-top-k 2 --resume`." in progress.notes[0]
+    assert bench_main(argv + ["--out", str(out), "--status"]) == 0  # the same from the command line, with the table
+    printed = capsys.readouterr().out
+    assert done in printed and "about " in printed and "| Gumiho + FTA |" in printed
 
     with pytest.raises(GumihoError, match=r"holds an unfinished run \(2 conversations done\): add --resume"):
         bench(out)
@@ -253,6 +257,7 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
     # The first conversation got a fraction of its CPU time (another program was busy): it is measured again.
     disturbed = dict(lines[2], cpu_s=0.0)
     journal.write_text("\n".join(json.dumps(line) for line in [lines[0], lines[1], disturbed, *lines[3:]]) + "\n")
+    assert "1 of 4 conversations done (mt_bench: 1/2, gsm8k: 0/2); 1 disturbed" in read_runs(out)[0].notes[0]
     calls.clear()
     paths = bench(out, "--resume")
     assert calls == [disturbed["job"][1], "0", "1"] and not journal.exists()  # and the two unfinished ones

@@ -5,6 +5,7 @@ Quick mode (a few prompts per task, 128 new tokens, T = 0; under 20 minutes on t
 Full run (80 prompts per task, 256 new tokens, T = 0; add `--temperatures 0 1` for sampling too). It takes hours
 on a CPU: every finished prompt is journaled, and the same command with --resume continues a stopped run:
     python -m gumiho bench --name cpu --resume
+    python -m gumiho bench --name cpu --status        # how far it got, and its table so far
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="results file stem (default: <device>[-quick])")
     p.add_argument("--resume", action="store_true",
                    help="continue the unfinished run journaled in <out>/<name>.partial.jsonl (same arguments)")
+    p.add_argument("--status", action="store_true",
+                   help="how far the run journaled in <out>/<name>.partial.jsonl has got, and its table so far "
+                        "(loads no model)")
     p.add_argument("--cost-repeats", type=positive, default=5, help="timed repeats per size of the cost curve")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the per-cycle profile")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -152,7 +156,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     from .tree_size import CostCurve, measure_cost_curve
 
     target = engine.target
-    name = args.name or f"{target.device.type}{'-quick' if args.quick else ''}"
+    name = run_name(args, target.device.type)
     cpu_threads = torch.get_num_threads() if target.device.type == "cpu" else None
     journal = Journal.open(args.out / f"{name}.partial.jsonl", run_identity(engine, args, settings), args.resume,
                            cpu_threads)
@@ -204,6 +208,29 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     return paths
 
 
+def run_name(args: argparse.Namespace, device_type: str) -> str:
+    return args.name or f"{device_type}{'-quick' if args.quick else ''}"
+
+
+def status(args: argparse.Namespace) -> int:
+    """Print how far a journaled run has got and its speed-up / τ table so far."""
+    from ..target import pick_device
+    from .metrics import summarize
+    from .progress import read_progress
+    from .report import speed_table
+
+    path = args.out / f"{run_name(args, pick_device(args.device).type)}.partial.jsonl"
+    if not path.is_file():
+        raise GumihoError(f"no run in progress at {path}; finished runs are the .json and .md files in {args.out}")
+    progress = read_progress(path, args.data)
+    print(f"{path}: {progress.describe()}")
+    if not progress.rows.empty:
+        summary = summarize(progress.rows)
+        for temperature in sorted(summary["temperature"].unique()):
+            print(f"\nT = {temperature:g}, conversations done so far\n{speed_table(summary, temperature)}")
+    return 0
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     from ..__main__ import _quiet_libraries
     from ..loader import build_engine
@@ -222,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
-        return run(args, argv)
+        return status(args) if args.status else run(args, argv)
     except GumihoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

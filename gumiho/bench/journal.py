@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from ..errors import GumihoError
@@ -81,6 +80,14 @@ class Journal:
         journal.redo = len({tuple(r["job"]) for r in records} - journal.done.keys())
         return journal
 
+    @classmethod
+    def read(cls, path: Path) -> Journal:
+        """The journal at `path` as `--resume` would see it, whatever its identity: a look at a run in progress."""
+        identity = _lines(path)[0]["identity"]
+        machine = identity.get("machine", {})
+        return cls.open(path, identity, resume=True,
+                        cpu_threads=machine.get("threads") if machine.get("device") == "cpu" else None)
+
     def begin(self, setup: dict | None = None) -> None:
         """Write the header with `setup` (a new run) and this process's segment line."""
         if self.setup is None:
@@ -97,13 +104,17 @@ class Journal:
         self.records.append(record)
         self.done[key] = rows
 
-    def duration_s(self) -> float:
-        """Earlier segments up to their last finished conversation, plus this one so far."""
+    def measured_s(self) -> float:
+        """The earlier segments' time, each up to its last finished conversation."""
         last: dict[int, float] = {}
         for r in self.records:
             if r["segment"] != self.segment:
                 last[r["segment"]] = max(last.get(r["segment"], 0.0), r["t"])
-        return sum(last.values()) + time.perf_counter() - self._started
+        return sum(last.values())
+
+    def duration_s(self) -> float:
+        """The earlier segments' time plus this one's so far."""
+        return self.measured_s() + time.perf_counter() - self._started
 
     def earlier_load(self) -> list[dict]:
         """The load pieces (samples, wall_s, cpu_s) journaled by earlier processes of this run."""
@@ -126,9 +137,3 @@ def _lines(path: Path) -> list[dict]:
         raise GumihoError(f"{path} is not a benchmark journal; delete it or choose another --name")
     return lines
 
-
-def read_journal(path: Path) -> tuple[dict, pd.DataFrame]:
-    """A journal's first line (identity and setup) and the per-prompt rows of its finished conversations, for a
-    look at a run in progress."""
-    lines = _lines(path)
-    return lines[0], pd.DataFrame([row for line in lines if "job" in line for row in line["rows"]])
