@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Pack what scripts/train_drafters.sh needs into parts small enough to copy to a GPU machine that has PyTorch but
-# no internet (a cluster node, a rented box behind a firewall): the embedded model's GGUF file, the ShareGPT data,
-# and wheels of the Python packages that such a machine usually lacks. Run it here, in the repository root:
+# Pack what scripts/train_drafters.sh and `python -m gumiho bench` need into parts small enough to copy to a GPU
+# machine that has PyTorch but no internet (a cluster node, a rented box behind a firewall): the embedded model's
+# GGUF file, the ShareGPT data, and wheels of the Python packages that such a machine usually lacks. Run it here, in the repository root:
 #
 #   bash scripts/offline_bundle.sh bundle            # -> bundle/part-00, part-01, ... and bundle/unpack.sh
 #   PYVER=3.12 PART_MB=48 bash scripts/offline_bundle.sh bundle
@@ -19,8 +19,9 @@ OUT=${1:?usage: bash scripts/offline_bundle.sh OUT_FOLDER}
 PY=${PY:-.venv/bin/python}
 PYVER=${PYVER:-3.12}
 PART_MB=${PART_MB:-48}
-# Packages a PyTorch image tends to lack; the versions are the ones this checkout runs with.
-PACKAGES=${PACKAGES:-"gguf transformers"}
+# Packages a PyTorch image tends to lack (pandas: for `python -m gumiho bench` there); the versions are the ones
+# this checkout runs with.
+PACKAGES=${PACKAGES:-"gguf transformers pandas"}
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
