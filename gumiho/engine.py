@@ -81,6 +81,7 @@ class Engine:
             return None
         tree = config.tree or TreeSettings.default(method, self.target.device.type)
         tree.validate(method)
+        self.drafters[method].check_tree(tree)
         return tree
 
     def run(self, prompt: str, method: str = "gumiho", config: GenerationConfig | None = None,
@@ -150,10 +151,11 @@ class Run:
         return emitted, ""
 
     def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor, room: int) -> DraftTree:
+        device = self.engine.target.device
         if self.drafter is None:
-            return build_tree(root, DraftPool(), 1)
+            return build_tree(root, DraftPool(), 1, device)
         pool = self.drafter.propose(features, tokens, self.tree)
-        tree = build_tree(root, pool, min(self.tree.total_tokens, room))
+        tree = build_tree(root, pool, min(self.tree.total_tokens, room), device)
         return tree.with_fta() if self.trace.settings["fta_applied"] else tree
 
     @torch.inference_mode()
@@ -192,8 +194,8 @@ class Run:
 
             mask = None
             if tree.size > 1:
-                mask = torch.cat([torch.ones(tree.size, prefix_len, dtype=torch.bool), tree.mask.cpu()], 1)
-                mask = mask.to(device)[None, None]
+                prefix = torch.ones(tree.size, prefix_len, dtype=torch.bool, device=device)
+                mask = torch.cat([prefix, tree.mask], 1)[None, None]
             features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
             acceptance = verify(tree, target.logits(features), config.sampling, generator)
             sync_device(device)

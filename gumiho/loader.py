@@ -31,7 +31,7 @@ def build_engine(
     """`drafters` maps a method to a drafter folder, or None for the shipped one (random weights if none ships)."""
     target = load_target(model, device=device, threads=threads)
     engine = Engine(target)
-    for method, folder in (drafters or {"eagle2": None, "gumiho": None}).items():
+    for method, folder in ({"eagle2": None, "gumiho": None} if drafters is None else drafters).items():
         path = Path(folder) if folder else shipped_drafter(model, method)
         if path is not None:
             if not path.exists():

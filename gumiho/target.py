@@ -90,6 +90,11 @@ class Target:
     eos_ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        # Tree verification passes a boolean 4-D mask, which transformers hands to the attention as it is: SDPA
+        # reads it as "may attend", while eager attention would add it to the scores and mask nothing.
+        attention = self.model.config._attn_implementation
+        if attention != "sdpa":
+            raise GumihoError(f"{self.name} runs {attention!r} attention; tree verification needs 'sdpa'")
         self._head = PackedMatrix(self.head_weight)
 
     @property
@@ -187,8 +192,8 @@ def load_target(
             raise GumihoError(f"{model} is not a model folder (no config.json)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=dt)
-    except OSError as exc:
+        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=dt, attn_implementation="sdpa")
+    except (OSError, ValueError) as exc:
         raise GumihoError(f"cannot load model {model!r}: {str(exc).splitlines()[0]}") from exc
     lm.to(dev).eval()
     lm.requires_grad_(False)

@@ -94,9 +94,10 @@ class DraftTree:
         return replace(self, paths=paths, filled=filled, mask=mask)
 
 
-def build_tree(root_token: int, pool: DraftPool, total_tokens: int) -> DraftTree:
-    """Keep the `total_tokens - 1` best-scored pool nodes under the root (EAGLE-2 / Gumiho rerank)."""
-    device = pool.tokens[0].device if pool.tokens else torch.device("cpu")
+def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torch.device | None = None) -> DraftTree:
+    """Keep the `total_tokens - 1` best-scored pool nodes under the root (EAGLE-2 / Gumiho rerank). The tree's
+    tensors live on `device` (default: the pool's; an empty pool, as in AR decoding, needs it given)."""
+    device = device or (pool.tokens[0].device if pool.tokens else torch.device("cpu"))
     keep_n = min(total_tokens - 1, pool.size)
     if keep_n > 0:
         scores = torch.cat(pool.scores)
@@ -180,9 +181,14 @@ class TreeSettings:
         }.get(method, cls(top_k=1, depth=1, total_tokens=1))
 
     def pool_size(self, method: str) -> int:
-        if method == "gumiho":
-            return 2 * self.top_k + (self.depth - 1) * self.pruning
-        return self.top_k + self.depth * self.top_k**2
+        """Candidates the drafter adds to the pool: the most a tree of this shape can verify besides the root."""
+        if method != "gumiho":
+            return self.top_k + self.depth * self.top_k**2
+        size, branches = 2 * self.top_k, self.top_k  # serial-1, serial-2; then a beam per MLP head
+        for _ in range(self.depth - 1):
+            branches = min(self.pruning, branches * self.mlptopk)
+            size += branches
+        return size
 
     def validate(self, method: str) -> None:
         from .errors import GumihoError
@@ -191,6 +197,8 @@ class TreeSettings:
             raise GumihoError("top-k, depth and total-tokens must be >= 1")
         if method == "gumiho" and (self.depth < 2 or self.mlptopk < 1 or self.pruning < 1):
             raise GumihoError("gumiho needs depth >= 2, mlptopk >= 1 and pruning >= 1")
+        if self.fta and method != "gumiho":
+            raise GumihoError("FTA (full tree attention) is a Gumiho option; switch it off for " + method)
         if self.pool_size(method) < self.total_tokens - 1:
             raise GumihoError(
                 f"total-tokens {self.total_tokens} exceeds the {self.pool_size(method)} candidates this tree drafts"

@@ -118,3 +118,14 @@ def test_fta_flags_filled_positions_and_reports_equality_rate(record_property):
     assert fta_cycles > 0
     record_property("fta_greedy_equality_rate", same / total)
     print(f"FTA greedy equality rate vs AR on tiny models: {same}/{total}")
+
+
+def test_a_target_whose_attention_would_ignore_the_tree_mask_is_refused():
+    from dataclasses import replace
+
+    from gumiho.errors import GumihoError
+
+    target = tiny_engine().target
+    target.model.config._attn_implementation = "eager"  # adds a boolean mask to the scores: nothing masked
+    with pytest.raises(GumihoError, match="runs 'eager' attention; tree verification needs 'sdpa'"):
+        replace(target)

@@ -77,6 +77,9 @@ def test_ties_prefer_the_ancestor():
 def test_root_only_tree():
     tree = build_tree(5, DraftPool(), 1)
     assert tree.size == 1 and tree.paths.tolist() == [[0]] and tree.mask.tolist() == [[True]]
+    # AR's tree has no drafted tensor to take a device from: it goes where the target is ("meta" stands in for CUDA).
+    meta = build_tree(5, DraftPool(), 1, torch.device("meta"))
+    assert {t.device.type for t in (meta.tokens, meta.position_ids, meta.mask, meta.paths)} == {"meta"}
 
 
 @pytest.mark.parametrize("method", ["eagle2", "gumiho"])
@@ -95,6 +98,7 @@ def test_drafted_trees_satisfy_invariants(method, seed):
         tree_settings.validate(method)
         pool = drafter.propose(features, tokens, tree_settings)
         assert drafter.cache.length == 6, "expansion KV is dropped after drafting"
+        assert pool.size == tree_settings.pool_size(method), "validate() knows how many candidates there will be"
         tree = build_tree(int(tokens[-1]), pool, total)
         assert tree.size == total
         check_invariants(tree, total)
@@ -123,9 +127,22 @@ def test_fta_fills_short_paths_with_the_most_travelled_node():
     ("eagle2", TreeSettings(top_k=2, depth=2, total_tokens=20), "exceeds"),
     ("gumiho", TreeSettings(top_k=2, depth=1, total_tokens=4, mlptopk=2, pruning=2), "depth >= 2"),
     ("gumiho", TreeSettings(top_k=0, depth=6, total_tokens=4, mlptopk=2, pruning=2), ">= 1"),
+    # 2 serial nodes, then MLP beams of 2, 4, 8, 10, 10: 36 candidates, not 2 + 5 x 10
+    ("gumiho", TreeSettings(top_k=1, depth=6, total_tokens=40, mlptopk=2, pruning=10), "exceeds the 36 candidates"),
+    ("eagle2", TreeSettings(top_k=2, depth=2, total_tokens=4, fta=True), "FTA .* is a Gumiho option"),
 ])
 def test_bad_tree_settings(method, settings, message):
     from gumiho.errors import GumihoError
 
     with pytest.raises(GumihoError, match=message):
         settings.validate(method)
+
+
+def test_a_tree_deeper_than_the_drafters_heads_is_refused_before_the_run():
+    from gumiho.engine import GenerationConfig
+    from gumiho.errors import GumihoError
+
+    engine = tiny_engine()
+    deep = TreeSettings(top_k=2, depth=7, total_tokens=8, mlptopk=2, pruning=2)  # 2 serial + 6 heads; it has 5
+    with pytest.raises(GumihoError, match="depth 7 needs 6 MLP heads; this drafter has 5"):
+        engine.run("", "gumiho", GenerationConfig(tree=deep), prompt_ids=[1, 2, 3])

@@ -66,7 +66,6 @@ class Drafter(nn.Module):
     """Base class: the fc + decoder-layer Transformer and everything around it. Subclasses implement `propose`."""
 
     kind = ""
-    source_prefix = ""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -85,7 +84,7 @@ class Drafter(nn.Module):
         self.cache = KVCache(c.num_layers)
 
     # --- shared weights -------------------------------------------------------------------------------------------
-    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, target_name: str = "") -> Drafter:
+    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> Drafter:
         """Share the target's (frozen) embedding and lm_head; they are never stored in the drafter's files."""
         hidden, vocab = self.config.hidden_size, self.config.vocab_size
         if embed_weight.shape != (vocab, hidden) or head_weight.shape != (vocab, hidden):
@@ -151,6 +150,9 @@ class Drafter(nn.Module):
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         raise NotImplementedError
+
+    def check_tree(self, tree: TreeSettings) -> None:
+        """Raise GumihoError when this drafter cannot draft a tree of this shape (checked before a run starts)."""
 
     # --- files ----------------------------------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:

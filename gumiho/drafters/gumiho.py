@@ -24,10 +24,13 @@ class GumihoDrafter(Drafter):
         super().__init__(config)
         self.heads = ParallelHeads(config.hidden_size, config.mlp_heads, config.mlp_blocks)
 
+    def check_tree(self, tree: TreeSettings) -> None:
+        if tree.depth - 1 > self.config.mlp_heads:
+            raise GumihoError(f"depth {tree.depth} needs {tree.depth - 1} MLP heads; this drafter has "
+                              f"{self.config.mlp_heads} (depth at most {self.config.mlp_heads + 1})")
+
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         heads_used = tree.depth - 1
-        if heads_used > self.config.mlp_heads:
-            raise GumihoError(f"depth {tree.depth} needs {heads_used} MLP heads; this drafter has {self.config.mlp_heads}")
         h = self.advance(features, tokens)
         stable, k, dev = self.cache.length, tree.top_k, tokens.device
         pool = DraftPool()
@@ -37,8 +40,10 @@ class GumihoDrafter(Drafter):
         idx1 = pool.add(tok1, torch.full((k,), -1, device=dev), scores1, "serial-1", 1)
 
         u1 = self.transformer.fuse(self.embed(tok1), h.expand(k, -1))
-        own = torch.ones(k, k, dtype=torch.bool, device=dev)
-        own = torch.eye(k, dtype=torch.bool, device=dev) if tree.serial_tree_mask else own.tril()
+        if tree.serial_tree_mask:
+            own = torch.eye(k, dtype=torch.bool, device=dev)
+        else:  # the official code's causal mask among the k serial-1 nodes (spec §1.5)
+            own = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
         h1 = self.expand(u1, stable, stable, own)
         scores2, tok2 = self.top_tokens(h1, k)
         cumulative = (scores1[:, None] + scores2).flatten()
@@ -50,7 +55,7 @@ class GumihoDrafter(Drafter):
         # The official code pairs serial-2 node r with serial-1 node r instead of its parent (spec §1.5-1).
         first = u1[rows] if tree.mlp_parent_align else u1
         second = self.transformer.fuse(self.embed(tok2), h1[rows])
-        predicted = self.heads(torch.cat([first, second], -1))[:heads_used]  # [heads, k, H]
+        predicted = self.heads(torch.cat([first, second], -1), heads_used)  # [heads_used, k, H]
         head_scores, head_ids = self.top_tokens(predicted, tree.mlptopk)  # [heads, k, mlptopk]
 
         branch_idx, branch_row, branch_score = idx2, torch.arange(k, device=dev), scores2

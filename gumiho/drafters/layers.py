@@ -147,11 +147,12 @@ class ParallelHeads(nn.Module):
         self.block_weight = nn.Parameter(torch.zeros(heads, blocks, hidden, hidden))
         self.block_bias = nn.Parameter(torch.stack([_linear_bias(blocks, hidden, hidden) for _ in range(heads)]))
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """u: [R, 2H] -> [heads, R, H]."""
-        a = F.silu(torch.baddbmm(self.in_bias[:, None], u.expand(self.in_weight.shape[0], -1, -1), self.in_weight))
+    def forward(self, u: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """u: [R, 2H] -> [heads, R, H], from the first `heads` heads (default: all)."""
+        n = heads or self.in_weight.shape[0]
+        a = F.silu(torch.baddbmm(self.in_bias[:n, None], u.expand(n, -1, -1), self.in_weight[:n]))
         for k in range(self.block_weight.shape[1]):
-            a = a + F.silu(torch.baddbmm(self.block_bias[:, k, None], a, self.block_weight[:, k]))
+            a = a + F.silu(torch.baddbmm(self.block_bias[:n, k, None], a, self.block_weight[:n, k]))
         return a
 
 
