@@ -54,6 +54,7 @@ DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
        --max-len 1024 --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
+rm -f "$RUNS/gumiho/length.json"  # the run writes it again once its length is fixed (at once when resuming a fixed run)
 $PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --unroll "$UNROLL_GUMIHO" $(init gumiho) \
     "${train[@]}" &
 gumiho=$!

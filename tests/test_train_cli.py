@@ -26,3 +26,10 @@ def test_bad_input_is_one_line_and_non_zero(capsys, argv, message):
     err = capsys.readouterr().err.strip()
     assert code != 0
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_chain_accuracy_refuses_replies_the_target_did_not_write(capsys, tmp_path):
+    (tmp_path / "prepare.json").write_text('{"split": "heldout", "distill": false}')
+    code = _exit_code(["eval", "--drafter-dir", "assets/drafters/smollm2-135m-eagle2", "--heldout", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and "chain accuracy needs the target's own replies" in err and len(err.splitlines()) == 1

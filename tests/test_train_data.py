@@ -77,13 +77,22 @@ def test_truncation_keeps_mask_aligned():
 
 
 def test_split_is_deterministic_and_keeps_parts_together():
-    convs = [Conversation(f"id{i}_{part}", []) for i in range(2000) for part in range(2)]
+    def conv(cid: str, prompt: str) -> Conversation:
+        return Conversation(cid, [{"role": "user", "content": prompt}, {"role": "assistant", "content": "ok"}])
+
+    convs = [conv(f"id{i}_{part}", f"question {i} part {part}") for i in range(2000) for part in range(2)]
     train, heldout = split(convs, heldout_percent=5.0)
     assert 100 < len(heldout) < 300 and len(train) + len(heldout) == len(convs)
     held = {c.id.rsplit("_", 1)[0] for c in heldout}
     assert not held & {c.id.rsplit("_", 1)[0] for c in train}
     assert split(convs, heldout_percent=5.0)[1] == heldout
     assert is_heldout("id7_0", 5.0) == is_heldout("id7_1", 5.0)
+    # ShareGPT repeats prompts under other ids: a held-out copy of a training prompt (up to case and spacing), or a
+    # second copy of a held-out prompt, is dropped.
+    held_ids = (f"new{i}_0" for i in range(100_000) if is_heldout(f"new{i}_0", 5.0))
+    copy_of_train = conv(next(held_ids), "  " + train[0].messages[0]["content"].upper().replace(" ", "   "))
+    copy_of_heldout = conv(next(held_ids), heldout[0].messages[0]["content"])
+    assert split(convs + [copy_of_train, copy_of_heldout], 5.0) == (train, heldout)
 
 
 def test_feature_shards_round_trip_and_match_unbatched_forward(tmp_path):

@@ -104,6 +104,11 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     _common(parser)
     args = parser.parse_args(argv)
+    prepared = Path(args.heldout or ".") / "prepare.json"
+    if args.heldout and prepared.is_file() and not json.loads(prepared.read_text()).get("distill", True):
+        # Depth >= 2 feeds the draft the target's greedy tokens, so the replies must be the target's own.
+        raise GumihoError(f"{args.heldout} holds ShareGPT's replies (prepare --no-distill); chain accuracy needs "
+                          "the target's own replies: prepare --split heldout without --no-distill")
     drafter = Drafter.from_pretrained(args.drafter_dir)
     target = _target(args)
     results: dict = {"drafter": args.drafter_dir, "max_new_tokens": args.max_new_tokens}

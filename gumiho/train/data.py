@@ -100,11 +100,27 @@ def is_heldout(conversation_id: str, heldout_percent: float) -> bool:
     return bucket < heldout_percent * 100
 
 
+def prompt_key(conversation: Conversation) -> str:
+    """The first user message, whitespace-collapsed and case-folded."""
+    first = next((m["content"] for m in conversation.messages if m["role"] == "user"), "")
+    return " ".join(first.split()).casefold()
+
+
 def split(conversations: list[Conversation], heldout_percent: float = 2.0) -> tuple[list[Conversation], list[Conversation]]:
+    """Train and held-out conversations. ShareGPT repeats prompts under other ids ("Hi", "continue", common
+    questions), and self-distillation turns a repeated first prompt into the very same sequence: so a held-out
+    conversation whose first prompt occurs in training, or earlier in the held-out part, is dropped."""
     train, heldout = [], []
     for conversation in conversations:
         (heldout if is_heldout(conversation.id, heldout_percent) else train).append(conversation)
-    return train, heldout
+    seen = {prompt_key(c) for c in train}
+    unique = []
+    for conversation in heldout:
+        key = prompt_key(conversation)
+        if key not in seen:
+            seen.add(key)
+            unique.append(conversation)
+    return train, unique
 
 
 def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], generation_prompt: bool) -> list[int]:

@@ -84,10 +84,11 @@ def vocab_coverage(drafter: Drafter, target: Target, sequences: list[Sequence]) 
         return 1.0
     allowed = torch.zeros(target.vocab_size, dtype=torch.bool)
     allowed[drafter.draft_vocab.cpu()] = True
+    head = target.head_weight.float()
     hits = total = 0
     for seq in sequences:
         predicting = seq.loss_mask[1:]  # feature j predicts token j + 1
-        greedy = (seq.features[:-1][predicting].float() @ target.head_weight.float().cpu().T).argmax(-1)
+        greedy = (seq.features[:-1][predicting].to(head.device).float() @ head.T).argmax(-1).cpu()
         hits, total = hits + int(allowed[greedy].sum()), total + greedy.numel()
     return round(hits / max(total, 1), 4)
 

@@ -51,7 +51,8 @@ def _prediction_terms(drafter: Drafter, predicted: torch.Tensor, target: torch.T
     logits = predicted @ head.T
     lp = soft_cross_entropy(logits, teacher)
     with torch.no_grad():
-        agree = (logits.argmax(-1) == teacher.argmax(-1)).float().mean() if predicted.shape[0] else torch.zeros(())
+        agree = (logits.argmax(-1) == teacher.argmax(-1)).float().mean() if predicted.shape[0] \
+            else torch.zeros((), device=predicted.device)
     return lv, lp, agree
 
 

@@ -187,11 +187,16 @@ def train(config: TrainConfig, target: Target) -> Path:
                                       "state": state})
 
     def write_length() -> None:
-        """The run's length in steps, for a second run that must match it (`--max-steps`)."""
-        (out / "length.json").write_text(json.dumps({"steps": length["steps"], "batches_per_epoch": len(groups)}) + "\n")
+        """The run's length in steps, for a second run that must match it (`--max-steps`); written whole at once,
+        since scripts/train_drafters.sh waits for the file."""
+        tmp = out / "length.json.tmp"
+        tmp.write_text(json.dumps({"steps": length["steps"], "batches_per_epoch": len(groups)}) + "\n")
+        tmp.replace(out / "length.json")
 
     if length["fixed"]:
         write_length()
+    else:  # resumed before the length was fixed: an earlier attempt's file would mislead the waiting script
+        (out / "length.json").unlink(missing_ok=True)
     generator = torch.Generator(device=dev)
     started, window = time.time() - state["elapsed"], []
     while state["epoch"] < config.epochs and state["step"] < length["steps"]:
