@@ -33,6 +33,7 @@ MAX_NEW_TOKENS = 512
 TRACE_FILES = Path(tempfile.gettempdir()) / "gumiho-app-traces"
 KEEP_TRACES_S = 3600
 T = TypeVar("T")
+ENGINE_LOCK = threading.Lock()  # held by the thread of the run using the engine
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class EngineLoader:
 # ---------------------------------------------------------------------------------------------- running
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: two fresh Controls are different runs
 class Control:
     """A visitor's handle on what is running for them, so Stop can end it between cycles."""
 
@@ -174,31 +175,47 @@ class Control:
 
 
 class Sessions:
-    """The Control of each visitor (by Gradio session) with something running."""
+    """The Controls of each visitor (by Gradio session): of runs waiting in the queue for the engine, and running."""
 
     def __init__(self) -> None:
-        self._controls: dict[str, Control] = {}
+        self._controls: dict[str, list[Control]] = {}
+        self._reserved: dict[str, list[Control]] = {}
         self._lock = threading.Lock()
+
+    def reserve(self, session: str) -> None:
+        """A run was asked for and waits in the queue: Stop can cancel it before it starts."""
+        control = Control()
+        with self._lock:
+            self._controls.setdefault(session, []).append(control)
+            self._reserved.setdefault(session, []).append(control)
 
     @contextmanager
     def control(self, session: str) -> Iterator[Control]:
-        control = Control()
+        """The Control of the run starting now: the oldest reservation of the session, or a new one."""
         with self._lock:
-            self._controls[session] = control
+            reserved = self._reserved.get(session)
+            control = reserved.pop(0) if reserved else Control()
+            if not reserved:
+                self._reserved.pop(session, None)
+            if control not in self._controls.setdefault(session, []):
+                self._controls[session].append(control)
         try:
             yield control
         finally:
             with self._lock:
-                if self._controls.get(session) is control:
-                    del self._controls[session]
+                mine = self._controls.get(session, [])
+                if control in mine:
+                    mine.remove(control)
+                if not mine:
+                    self._controls.pop(session, None)
 
     def stop(self, session: str) -> bool:
+        """Stop every run of the session, queued or running; False if there is none."""
         with self._lock:
-            control = self._controls.get(session)
-        if control is None:
-            return False
-        control.stop()
-        return True
+            controls = list(self._controls.get(session, []))
+        for control in controls:
+            control.stop()
+        return bool(controls)
 
 
 def stream(engine: Engine, prompt: str, method: str, config: GenerationConfig,
@@ -228,8 +245,9 @@ def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig],
 
 def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iterator[T]:
     """Iterate `items` (an engine run) in a thread of its own and yield the newest item at most every `every_s`
-    seconds, then the last one. The run never waits for the page, so drawing does not count in its wall time.
-    If the consumer goes away (a closed tab), `stop()` ends the run before the engine is free for someone else."""
+    seconds, then the last one. The run never waits for the page to be drawn.
+    If the consumer goes away (a closed tab), `stop()` ends the run after its current cycle. Nothing waits for
+    that here (Gradio closes this generator on its event loop): the next run's thread waits for the engine lock."""
     latest: list[T] = []
     made = 0
     errors: list[BaseException] = []
@@ -238,9 +256,10 @@ def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iter
     def produce() -> None:
         nonlocal made
         try:
-            for item in items:
-                latest[:] = [item]
-                made += 1
+            with ENGINE_LOCK:  # one run at a time: the drafters keep KV state of their own
+                for item in items:
+                    latest[:] = [item]
+                    made += 1
         except BaseException as exc:  # handed to the consumer below
             errors.append(exc)
         finally:
@@ -261,7 +280,6 @@ def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iter
     finally:
         if not done.is_set():
             stop()
-        worker.join()
 
 
 def save_traces(traces: list[GenerationTrace], root: Path = TRACE_FILES) -> list[str]:

@@ -46,6 +46,7 @@ STREAM_EVERY_S = 0.3
 RACE_EVERY_S = 1.0
 PLAY_EVERY_S = 0.9
 PLAY, PAUSE = "▶ Play", "⏸ Pause"
+STOPPED_IN_QUEUE = "Stopped before it started (it was waiting for the engine)."
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 METHOD_CHOICES = [("Gumiho", "gumiho"), ("EAGLE-2", "eagle2"), ("AR (no drafting)", "ar")]
 TREE_FIELDS = ("top_k", "depth", "total_tokens", "mlptopk", "pruning", "fta")
@@ -169,25 +170,34 @@ class Handlers:
                  seed: float, top_k: float, depth: float, total_tokens: float, mlptopk: float, pruning: float,
                  fta: bool, request: gr.Request) -> Iterator[list]:
         width = EXPLORE_VIEW + 2
-        try:
-            settings = RunSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                                   top_p=float(top_p), seed=int(seed), top_k=int(top_k), depth=int(depth),
-                                   total_tokens=int(total_tokens), mlptopk=int(mlptopk), pruning=int(pruning),
-                                   fta=bool(fta))
-            config = settings.config(method)
-            for waiting in self._engine():
-                yield [waiting, *skips(width)]
-            engine = self.loader.engine
-            yield [f"Generating with {method_name(method)}…", *skips(width)]
-            trace = None
-            with self.sessions.control(request.session_hash) as control, closing(
-                    follow(stream(engine, prompt, method, config, control), STREAM_EVERY_S, control.stop)) as updates:
-                for trace in updates:
-                    yield ["", *ExploreView.of(trace).values(), trace, gr.skip()]
-            done = f"Done: {render.trace_summary(trace)}" if trace.finish_reason != "stopped" else "Stopped."
-            yield [done, *ExploreView.of(trace).values(), trace, save_traces([trace])[0]]
-        except Exception as exc:
-            yield [failure(exc), *skips(width)]
+        with self.sessions.control(request.session_hash) as control:
+            try:
+                settings = RunSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                                       top_p=float(top_p), seed=int(seed), top_k=int(top_k), depth=int(depth),
+                                       total_tokens=int(total_tokens), mlptopk=int(mlptopk), pruning=int(pruning),
+                                       fta=bool(fta))
+                config = settings.config(method)
+                for waiting in self._engine():
+                    yield [waiting, *skips(width)]
+                if control.stopped:
+                    yield [STOPPED_IN_QUEUE, *skips(width)]
+                    return
+                engine = self.loader.engine
+                yield [f"Generating with {method_name(method)}…", *skips(width)]
+                trace = None
+                with closing(follow(stream(engine, prompt, method, config, control), STREAM_EVERY_S,
+                                    control.stop)) as updates:
+                    for trace in updates:
+                        yield ["", *ExploreView.of(trace).values(), trace, gr.skip()]
+                done = f"Done: {render.trace_summary(trace)}" if trace.finish_reason != "stopped" else "Stopped."
+                yield [done, *ExploreView.of(trace).values(), trace, save_traces([trace])[0]]
+            except Exception as exc:
+                yield [failure(exc), *skips(width)]
+
+    def queue(self, request: gr.Request) -> str:
+        """First step of Generate and Race: from here on the run waits for the engine, and Stop can cancel it."""
+        self.sessions.reserve(request.session_hash)
+        return "Waiting for the engine…"
 
     def stop(self, request: gr.Request) -> str:
         if self.sessions.stop(request.session_hash):
@@ -197,7 +207,10 @@ class Handlers:
     def show_cycle(self, trace: GenerationTrace | None, cycle: float) -> list:
         if trace is None or not trace.steps:
             return skips(4)
-        return CycleView.of(trace, min(max(int(cycle), 0), len(trace.steps) - 1)).values()
+        try:
+            return CycleView.of(trace, min(max(int(cycle), 0), len(trace.steps) - 1)).values()
+        except Exception as exc:  # the message goes where the cycle's caption would
+            return [gr.skip(), failure(exc), gr.skip(), gr.skip()]
 
     def toggle_play(self, playing: bool, trace: GenerationTrace | None, cycle: float) -> list:
         """Start or pause stepping through the cycles; starting at the end starts over."""
@@ -212,9 +225,13 @@ class Handlers:
         if steps == 0:
             return [gr.skip(), *skips(4), False, gr.Timer(active=False), gr.Button(PLAY)]
         k = min(int(cycle) + 1, steps - 1)
+        try:
+            view = CycleView.of(trace, k).values()
+        except Exception as exc:
+            return [gr.skip(), gr.skip(), failure(exc), gr.skip(), gr.skip(), False, gr.Timer(active=False),
+                    gr.Button(PLAY)]
         running = k < steps - 1
-        button = gr.Button(PAUSE if running else PLAY)
-        return [k, *CycleView.of(trace, k).values(), running, gr.Timer(active=running), button]
+        return [k, *view, running, gr.Timer(active=running), gr.Button(PAUSE if running else PLAY)]
 
     def pick_example(self, key: str) -> list:
         name, _, method = (key or "").partition("/")
@@ -246,24 +263,27 @@ class Handlers:
     def race(self, prompt: str, temperature: float, max_new_tokens: float, top_k: float, total_tokens: float,
              fta: bool, request: gr.Request) -> Iterator[list]:
         width = RACE_VIEW + 2
-        try:
-            settings = RunSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                                   top_k=int(top_k), total_tokens=int(total_tokens), fta=bool(fta))
-            configs = {m: s.config(m) for m, s in race_settings(settings).items()}
-            for waiting in self._engine():
-                yield [waiting, *skips(width)]
-            engine = self.loader.engine
-            traces: list[GenerationTrace] = []
-            with self.sessions.control(request.session_hash) as control, closing(
-                    follow(race(engine, prompt, configs, control), RACE_EVERY_S, control.stop)) as updates:
-                for traces in updates:
-                    running = method_name(traces[-1].method)
-                    yield [f"Racing: {running} ({len(traces)} of {len(RACE_ORDER)})…", *race_view(traces), traces,
-                           gr.skip()]
-            finished = len(traces) == len(RACE_ORDER) and traces[-1].finish_reason != "stopped"
-            yield ["Done." if finished else "Stopped.", *race_view(traces), traces, save_traces(traces)]
-        except Exception as exc:
-            yield [failure(exc), *skips(width)]
+        with self.sessions.control(request.session_hash) as control:
+            try:
+                settings = RunSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                                       top_k=int(top_k), total_tokens=int(total_tokens), fta=bool(fta))
+                configs = {m: s.config(m) for m, s in race_settings(settings).items()}
+                for waiting in self._engine():
+                    yield [waiting, *skips(width)]
+                if control.stopped:
+                    yield [STOPPED_IN_QUEUE, *skips(width)]
+                    return
+                engine = self.loader.engine
+                traces: list[GenerationTrace] = []
+                with closing(follow(race(engine, prompt, configs, control), RACE_EVERY_S, control.stop)) as updates:
+                    for traces in updates:
+                        running = method_name(traces[-1].method)
+                        yield [f"Racing: {running} ({len(traces)} of {len(RACE_ORDER)})…", *race_view(traces),
+                               traces, gr.skip()]
+                finished = len(traces) == len(RACE_ORDER) and traces[-1].finish_reason != "stopped"
+                yield ["Done." if finished else "Stopped.", *race_view(traces), traces, save_traces(traces)]
+            except Exception as exc:
+                yield [failure(exc), *skips(width)]
 
     def pick_race(self, name: str) -> list:
         example = next((e for e in self.examples if e.name == name), None)
@@ -424,8 +444,10 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
         race_outputs = [race_message, race_headline, race_table, race_timeline, race_tau, race_timing, race_texts,
                         race_state, race_files]
         engine_event = dict(concurrency_limit=1, concurrency_id="engine")
-        generate_btn.click(handlers.generate, [prompt, method, temperature, max_new, top_p, seed, *tree],
-                           explore_outputs, api_name="generate", show_progress="minimal", **engine_event)
+        queued = dict(concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        generate_btn.click(handlers.queue, None, [message], **queued).then(
+            handlers.generate, [prompt, method, temperature, max_new, top_p, seed, *tree], explore_outputs,
+            api_name="generate", show_progress="minimal", **engine_event)
         stop_btn.click(handlers.stop, outputs=[message], concurrency_limit=None, api_name="stop")
         method.change(handlers.method_defaults, [method], tree, api_visibility="private")
         cycle.input(handlers.show_cycle, [trace_state, cycle], [output, cycle_info, tree_plot, paths],
@@ -438,8 +460,9 @@ def build_app(loader: EngineLoader, examples: list[Example] | None = None) -> gr
         pick.input(handlers.pick_example, [pick], explore_outputs, api_visibility="private")
         upload.upload(handlers.upload, [upload], explore_outputs, api_name="replay")
 
-        race_btn.click(handlers.race, [race_prompt, race_temperature, race_max_new, race_top_k, race_total, race_fta],
-                       race_outputs, api_name="race", show_progress="minimal", **engine_event)
+        race_btn.click(handlers.queue, None, [race_message], **queued).then(
+            handlers.race, [race_prompt, race_temperature, race_max_new, race_top_k, race_total, race_fta],
+            race_outputs, api_name="race", show_progress="minimal", **engine_event)
         race_stop.click(handlers.stop, outputs=[race_message], concurrency_limit=None, api_visibility="private")
         race_pick.input(handlers.pick_race, [race_pick], race_outputs, api_visibility="private")
         race_upload.upload(handlers.race_upload, [race_upload], race_outputs, api_visibility="private")

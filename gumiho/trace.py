@@ -173,12 +173,18 @@ def _check(trace: GenerationTrace) -> None:
     if trace.method not in ("ar", "eagle2", "gumiho"):
         raise TraceError(f"unknown method {trace.method!r}")
     for step in trace.steps:
+        if [n.id for n in step.nodes] != list(range(len(step.nodes))):
+            raise TraceError(f"cycle {step.index}: node ids must be 0, 1, 2, ... in order")
         ids = {n.id for n in step.nodes}
         for n in step.nodes:
+            numbers = (n.token_id, n.parent, n.depth, n.score)
+            if not isinstance(n.text, str) or not isinstance(n.source, str) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+                raise TraceError(f"cycle {step.index}: node {n.id} has a field of the wrong type")
             if n.parent != -1 and (n.parent not in ids or n.parent >= n.id):
                 raise TraceError(f"cycle {step.index}: node {n.id} has a parent {n.parent} that is not before it")
         for p in step.paths:
-            if len(p.filled) != len(p.nodes) or any(i not in ids for i in p.nodes):
-                raise TraceError(f"cycle {step.index}: a path names nodes that are not in the tree")
+            if not p.nodes or len(p.filled) != len(p.nodes) or any(i not in ids for i in p.nodes):
+                raise TraceError(f"cycle {step.index}: a path is empty or names nodes that are not in the tree")
         if step.nodes and any(i not in ids for i in step.accepted_nodes):
             raise TraceError(f"cycle {step.index}: the accepted path names nodes that are not in the tree")

@@ -357,6 +357,45 @@ def test_sessions_stop_only_their_own_run():
     assert not sessions.stop("a")
 
 
+def test_stop_reaches_a_run_still_waiting_in_the_queue():
+    sessions = Sessions()
+    sessions.reserve("a")  # Generate pressed while another visitor's run holds the engine
+    assert sessions.stop("a")
+    with sessions.control("a") as queued:
+        assert queued.stopped, "the run sees the Stop when its turn comes"
+    assert not sessions.stop("a")
+    sessions.reserve("a")
+    with sessions.control("a") as running, sessions.control("a") as direct:  # the second: an API call, unqueued
+        assert not running.stopped and sessions.stop("a") and running.stopped and direct.stopped
+
+
+def test_a_run_stopped_in_the_queue_never_starts():
+    from types import SimpleNamespace
+
+    from app.ui import STOPPED_IN_QUEUE
+
+    from .conftest import tiny_engine
+
+    engine = tiny_engine()
+    loader = SimpleNamespace(wait=lambda timeout: engine, engine=engine, phase="ready")
+    handlers, request = Handlers(loader=loader, sessions=Sessions(), examples=[]), SimpleNamespace(session_hash="a")
+    ran = []
+    engine.run = lambda *a, **k: ran.append(a)  # noqa: the run must not even be created
+    handlers.queue(request)
+    assert handlers.stop(request).startswith("Stopping")
+    outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, request))
+    assert outputs[-1][0] == STOPPED_IN_QUEUE and not ran
+
+
+def test_a_cycle_that_cannot_be_drawn_gets_a_message():
+    trace = gumiho_trace()
+    trace.steps[0].paths[0].nodes.clear()  # damaged after loading: the handlers must not raise
+    handlers = Handlers(loader=None, sessions=Sessions(), examples=[])
+    with pytest.warns(UserWarning, match="IndexError"):  # also shown as a toast
+        assert handlers.show_cycle(trace, 0)[1].startswith("⚠")
+        assert handlers.tick(trace, -1)[2].startswith("⚠")
+
+
 def test_saved_traces_round_trip_and_old_files_are_pruned(tmp_path):
     old = tmp_path / "run-old"
     old.mkdir()

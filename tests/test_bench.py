@@ -256,7 +256,9 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
 
     # The first conversation got a fraction of its CPU time (another program was busy): it is measured again.
     disturbed = dict(lines[2], cpu_s=0.0)
-    journal.write_text("\n".join(json.dumps(line) for line in [lines[0], lines[1], disturbed, *lines[3:]]) + "\n")
+    # And the process died while writing its next line: that torn line is cut off when the run resumes.
+    journal.write_text("\n".join(json.dumps(line) for line in [lines[0], lines[1], disturbed, *lines[3:]])
+                       + '\n{"job": ["gsm8k", "0", 0.0, 0], "segment": 0, "t": 12.5, "ro')
     assert "1 of 4 conversations done (mt_bench: 1/2, gsm8k: 0/2); 1 disturbed" in read_runs(out)[0].notes[0]
     calls.clear()
     paths = bench(out, "--resume")
@@ -299,6 +301,8 @@ def test_run_matrix_both_turns_temperatures_and_seeds(tmp_path):
     (["--total-tokens", "0"], "--total-tokens must be >= 1"),
     (["--temperatures", "-1"], "temperatures must be >= 0"),
     (["--datasets", "/nonexistent/x.jsonl"], "cannot read dataset"),
+    (["--datasets", "gsm8k", "mt_bench", "gsm8k"], "dataset 'gsm8k' is given twice"),
+    (["--status", "--name", "never-ran"], "no run in progress at"),
 ])
 def test_bad_input_is_one_line_on_stderr(capsys, args, message):
     try:
@@ -328,3 +332,23 @@ def test_engine_check_reports_ratios_on_the_tiny_engine():
     assert result["runs"] == 2 and result["device"] == "cpu"
     assert result["ar_over_generate"] > 0 and result["ar_tokens_per_s"] > 0
     assert math.isfinite(result["tracing_overhead"]) and result["tracing_overhead"] > -1
+
+
+def test_a_torn_last_journal_line_is_cut_off_and_a_damaged_one_before_it_is_an_error(tmp_path):
+    from gumiho.bench.journal import Journal
+    from gumiho.errors import GumihoError
+
+    path = tmp_path / "run.partial.jsonl"
+    journal = Journal.open(path, {"run": 1}, resume=False)
+    journal.begin({"command": "python -m gumiho bench"})
+    journal.record(("mt_bench", "81", 0.0, 0), [{"tau": 2.0}], {"load": [], "wall_s": 1.0, "cpu_s": 1.0})
+    with path.open("a") as f:
+        f.write('{"job": ["mt_bench", "82", 0.0, 0], "rows": [{"ta')  # the process died mid-write
+    resumed = Journal.open(path, {"run": 1}, resume=True)
+    assert list(resumed.done) == [("mt_bench", "81", 0.0, 0)]
+    resumed.begin()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line).get("segment") for line in lines] == [None, 0, 0, 1]  # header, 2 segments, 1 job
+    path.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    with pytest.raises(GumihoError, match=r"line 2, is damaged: delete that line"):
+        Journal.open(path, {"run": 1}, resume=True)

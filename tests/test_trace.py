@@ -42,6 +42,10 @@ def test_trace_off_keeps_the_numbers_but_not_the_trees():
     (lambda d: d["steps"][0]["paths"][0]["nodes"].append(999), "not in the tree"),
     (lambda d: d["steps"][0].pop("bonus_token"), "malformed trace"),
     (lambda d: d["steps"].append("nope"), "malformed trace"),
+    (lambda d: d["steps"][0]["paths"][0].update(nodes=[], filled=[]), "a path is empty"),
+    (lambda d: d["steps"][0]["nodes"][1].update(id=7), "node ids must be 0, 1, 2"),
+    (lambda d: d["steps"][0]["nodes"][1].update(score="high"), "wrong type"),
+    (lambda d: d["steps"][0]["nodes"][1].update(text=None), "wrong type"),
 ])
 def test_invalid_traces_are_rejected_with_a_reason(trace, mutate, message):
     data = json.loads(trace.to_json())

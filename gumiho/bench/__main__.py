@@ -109,8 +109,10 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     settings = BenchSettings(datasets=args.datasets, data_dir=args.data, limit=args.limit,
                              max_new_tokens=args.max_new_tokens or 256, temperatures=tuple(args.temperatures),
                              seeds=tuple(args.seeds), warmup=args.warmup, both_turns=args.both_turns)
-    for name in settings.datasets:
-        load_questions(name, settings.data_dir, 1)
+    names = [load_questions(name, settings.data_dir, 1)[0].dataset for name in settings.datasets]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # results are keyed by dataset name: two sets of one name would be mixed up
+        raise GumihoError(f"dataset {repeated[0]!r} is given twice (datasets are told apart by file name)")
     return settings
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Journal:
     done: dict[JobKey, list[dict]] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)
     redo: int = 0  # journaled conversations to measure again
+    intact: int | None = None  # with a torn last line: the bytes before it
     segment: int = 0
     _started: float = field(default_factory=time.perf_counter)
 
@@ -60,7 +62,7 @@ class Journal:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             return cls(path, identity)
-        lines = _lines(path)
+        lines, intact = _lines(path)
         records = [line for line in lines if "job" in line]
         if not resume:
             raise GumihoError(f"{path} holds an unfinished run ({len(records)} conversations done): add --resume "
@@ -70,7 +72,7 @@ class Journal:
                              if identity.get(k) != lines[0]["identity"].get(k))
             raise GumihoError(f"cannot resume {path}: it was started with other {', '.join(changed)}; use the same "
                               "command and drafters, or delete the file to start over")
-        journal = cls(path, identity, setup=lines[0]["setup"], records=records,
+        journal = cls(path, identity, setup=lines[0]["setup"], records=records, intact=intact,
                       segment=1 + max((line["segment"] for line in lines if "started" in line), default=-1))
         shares = [r["cpu_s"] / (r["wall_s"] * (cpu_threads or 1)) if r["wall_s"] > 0 else 1.0 for r in records]
         floor = MIN_CPU_SHARE * statistics.median(shares) if cpu_threads and shares else 0.0
@@ -83,13 +85,17 @@ class Journal:
     @classmethod
     def read(cls, path: Path) -> Journal:
         """The journal at `path` as `--resume` would see it, whatever its identity: a look at a run in progress."""
-        identity = _lines(path)[0]["identity"]
+        identity = _lines(path)[0][0]["identity"]
         machine = identity.get("machine", {})
         return cls.open(path, identity, resume=True,
                         cpu_threads=machine.get("threads") if machine.get("device") == "cpu" else None)
 
     def begin(self, setup: dict | None = None) -> None:
-        """Write the header with `setup` (a new run) and this process's segment line."""
+        """Write the header with `setup` (a new run) and this process's segment line. A torn last line (the
+        previous process died while writing it) is cut off first: its conversation is measured again."""
+        if self.intact is not None:
+            with self.path.open("r+b") as f:
+                f.truncate(self.intact)
         if self.setup is None:
             self.setup = json.loads(json.dumps(setup))
             self._append({"identity": self.identity, "setup": self.setup})
@@ -129,11 +135,32 @@ class Journal:
     def _append(self, line: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # an hour of measurements should survive a power cut
 
 
-def _lines(path: Path) -> list[dict]:
-    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not lines or "identity" not in lines[0]:
+def _lines(path: Path) -> tuple[list[dict], int | None]:
+    """The journal's lines, and when its last line is torn (cut off mid-write), the bytes before that line."""
+    raw = Path(path).read_bytes().splitlines(keepends=True)
+    lines, size = [], 0
+    for number, line in enumerate(raw, 1):
+        try:
+            complete = line.endswith(b"\n")
+            if line.strip():
+                lines.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            complete = False
+        if not complete:
+            if number < len(raw):
+                raise GumihoError(f"{path}, line {number}, is damaged: delete that line (its conversation is "
+                                  "measured again) or the file to start over")
+            return _checked(path, lines), size
+        size += len(line)
+    return _checked(path, lines), None
+
+
+def _checked(path: Path, lines: list[dict]) -> list[dict]:
+    if not lines or not isinstance(lines[0], dict) or "identity" not in lines[0]:
         raise GumihoError(f"{path} is not a benchmark journal; delete it or choose another --name")
     return lines
 

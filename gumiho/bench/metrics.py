@@ -7,7 +7,8 @@ Definitions (printed by the CLI and written into the results):
                  the same run (methods interleaved); then the mean of those ratios. tokens/s = new_tokens / wall
                  time of the whole generation, prefill included. vs_eagle2: the same against EAGLE-2.
   accept_d       per-position acceptance: among cycles whose tree reached depth d, the share that accepted at
-                 least d draft tokens (so accept_1 >= accept_2 >= ...).
+                 least d draft tokens. Trees differ in depth from cycle to cycle, so each depth has its own
+                 denominator and the sequence need not fall (it does in practice).
   chain_d        getkacc-style chain accuracy: among cycles whose tree reached depth d and that accepted the
                  first d - 1 draft tokens, the share that also accepted the d-th.
   draft / verify / other / prefill share   each part's share of the summed wall time of all prompts.

@@ -239,11 +239,14 @@ def auto_tree(engine: Engine, method: str, base: TreeSettings, cost: CostCurve |
 
 def cached_auto_tree(engine: Engine, method: str, base: TreeSettings, top_ks: tuple[int, ...] = TOP_KS,
                      progress: bool = True) -> TreeChoice:
-    """`auto_tree`, remembered per model, drafter, device, thread count, packed matmuls on/off, base shape and
-    top_k candidates in `$GUMIHO_CACHE/auto_tree.json`."""
+    """`auto_tree`, remembered per model, drafter (by its weights: a retrained drafter in the same folder is
+    calibrated again), device, thread count, packed matmuls on/off, base shape and top_k candidates in
+    `$GUMIHO_CACHE/auto_tree.json`."""
+    from .journal import weights_digest
+
     path = cache_root() / "auto_tree.json"
     base_key = {k: v for k, v in base.to_dict().items() if k not in ("top_k", "total_tokens")}
-    key = json.dumps([engine.target.name, engine.drafter_names.get(method, ""), str(engine.target.device),
+    key = json.dumps([engine.target.name, weights_digest(engine.drafters[method]), str(engine.target.device),
                       torch.get_num_threads(), packing_enabled(), method, base_key, list(top_ks)], sort_keys=True)
     store = _read_store(path)
     if key in store:
