@@ -222,10 +222,12 @@ class Run:
                 tree_depth=max(tree.depths),
                 fta_used=bool(tree.filled[acceptance.path_row, : len(acceptance.nodes)].any()),
             )
+            # Recording the tree below is the trace's cost, not decoding's: other_ms stops before it, so traced and
+            # untraced runs time their cycles alike (the wall time still includes it).
+            cycle.other_ms = (time.perf_counter() - t2) * 1e3
             if config.trace:
                 self._record_tree(cycle, tree, acceptance.per_path)
                 trace.steps.append(cycle)
-            cycle.other_ms = (time.perf_counter() - t2) * 1e3
             yield cycle
 
         trace.token_ids = output

@@ -31,7 +31,8 @@ CycleTrace
   emitted           token ids this cycle added to the output (accepted + bonus, cut at EOS / max_new_tokens)
   fta_used          whether the accepted path went through an FTA-borrowed position
   tree_size, tree_depth   nodes verified (root included) and the deepest node's depth (0 for the AR loop)
-  draft_ms, verify_ms, other_ms   wall time drafting, in the target forward + acceptance, and the rest
+  draft_ms, verify_ms, other_ms   wall time drafting, in the target forward + acceptance, and the rest of
+                                  the cycle (KV compaction, bookkeeping; recording the trace itself excluded)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Batch:
     input_ids: torch.Tensor  # [B, T] int64, 0 after the end
-    loss_mask: torch.Tensor  # [B, T] bool, False after the end
+    loss_mask: torch.Tensor  # [B, T] bool, False after the end; on the CPU (the losses index with it, see objective)
     features: torch.Tensor  # [B, T, H] fp32, 0 after the end
     tokens: int  # real (unpadded) tokens
 
@@ -45,12 +45,12 @@ def epoch_order(groups: list[list[int]], seed: int, epoch: int) -> list[list[int
 
 
 def collate(sequences: list[Sequence], device: torch.device) -> Batch:
-    """Pad where the sequences live (on the GPU when `on_device` put them there), then move to `device`."""
+    """Pad where the sequences live (on the GPU when `on_device` put them there), then move to `device`; the loss
+    mask stays on the CPU."""
     ids = pad_sequence([s.input_ids for s in sequences], batch_first=True)
-    mask = pad_sequence([s.loss_mask for s in sequences], batch_first=True)
+    mask = pad_sequence([s.loss_mask.cpu() for s in sequences], batch_first=True)
     feats = pad_sequence([s.features for s in sequences], batch_first=True)
-    return Batch(ids.to(device), mask.to(device), feats.to(device, torch.float32),
-                 sum(len(s.input_ids) for s in sequences))
+    return Batch(ids.to(device), mask, feats.to(device, torch.float32), sum(len(s.input_ids) for s in sequences))
 
 
 def on_device(sequences: list[Sequence], device: torch.device, share: float = 0.5) -> list[Sequence]:
@@ -63,4 +63,4 @@ def on_device(sequences: list[Sequence], device: torch.device, share: float = 0.
     if size > share * free:
         log.info("training data (%.1f GB) stays on the CPU: %.1f GB free on %s", size / 1e9, free / 1e9, device)
         return sequences
-    return [Sequence(s.input_ids.to(device), s.loss_mask.to(device), s.features.to(device)) for s in sequences]
+    return [Sequence(s.input_ids.to(device), s.loss_mask, s.features.to(device)) for s in sequences]

@@ -56,6 +56,17 @@ def _prediction_terms(drafter: Drafter, predicted: torch.Tensor, target: torch.T
     return lv, lp, agree
 
 
+def _rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Flat indices of a CPU mask's True entries, on `device`. Selecting rows with them never waits for a GPU,
+    where a boolean mask living there would first have to count its True entries on the host."""
+    return mask.flatten().nonzero().squeeze(1).to(device, non_blocking=True)
+
+
+def _select(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x[..., :] flattened to [N, H], then the given rows."""
+    return x.reshape(-1, x.shape[-1]).index_select(0, rows)
+
+
 def unrolled_outputs(drafter: Drafter, ids: torch.Tensor, inputs: torch.Tensor, unroll: int) -> list[torch.Tensor]:
     """Draft outputs h^1..h^unroll [B, T-1, H] ("training-time test", as in HASS and EAGLE-3).
 
@@ -107,8 +118,9 @@ def batch_losses(
     parts = {}
     for k, out in enumerate(outputs, start=1):
         counted = mask[:, k + 1:]  # h^k_j predicts x_{j+k+1}
-        width = counted.shape[1]
-        lv, lp, agree = _prediction_terms(drafter, out[:, :width][counted], feats[:, k: k + width][counted], True)
+        width, rows = counted.shape[1], _rows(counted, dev)
+        lv, lp, agree = _prediction_terms(drafter, _select(out[:, :width], rows), _select(feats[:, k: k + width], rows),
+                                          True)
         total = total + weights.feature * lv + weights.ce * lp
         suffix = "" if k == 1 else f"_step{k}"
         parts.update({f"lv{suffix}": lv.detach(), f"lp{suffix}": lp.detach(), f"acc{k}": agree})
@@ -120,14 +132,15 @@ def batch_losses(
         second = drafter.transformer.fuse(drafter.embed(ids[:, 3: 3 + n]), serial2)
         mask_pad = torch.cat([mask, mask.new_zeros(b, heads)], 1)
         feats_pad = torch.cat([feats, feats.new_zeros(b, heads, hidden)], 1)
-        head_masks = torch.stack([mask_pad[:, 4 + i: 4 + i + n] for i in range(heads)])  # [heads, B, n]
+        head_masks = torch.stack([mask_pad[:, 4 + i: 4 + i + n] for i in range(heads)])  # [heads, B, n], CPU
         rows = head_masks.any(0)
         if rows.any():
-            predicted = drafter.heads(torch.cat([first, second], -1)[rows])  # [heads, R, H]
+            predicted = drafter.heads(_select(torch.cat([first, second], -1), _rows(rows, dev)))  # [heads, R, H]
             for i, w in enumerate(head_weights(heads, weights.mlp_decay, weights.mlp_normaliser)):
-                keep = head_masks[i][rows]
-                target = feats_pad[:, 3 + i: 3 + i + n][rows][keep]
-                lv_i, lp_i, agree_i = _prediction_terms(drafter, predicted[i][keep], target, mlp_ce_on)
+                keep = _rows(head_masks[i][rows], dev)  # among the R rows
+                target = _select(feats_pad[:, 3 + i: 3 + i + n], _rows(head_masks[i], dev))
+                lv_i, lp_i, agree_i = _prediction_terms(drafter, predicted[i].index_select(0, keep), target,
+                                                        mlp_ce_on)
                 total = total + w * weights.mlp_feature * lv_i
                 if mlp_ce_on:
                     total = total + w * weights.mlp_ce * lp_i
