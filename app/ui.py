@@ -26,6 +26,7 @@ from .lesson import lesson_parts
 from .service import (
     MAX_NEW_TOKENS,
     RACE_ORDER,
+    Control,
     EngineLoader,
     RunSettings,
     Sessions,
@@ -159,10 +160,13 @@ class Handlers:
     def status(self) -> list:
         return [self.loader.status(), gr.Timer(active=not self.loader.ready)]
 
-    def _engine(self) -> Iterator[str]:
-        """Waits for the engine, yielding progress lines while it loads."""
+    def _turn(self, control: Control, width: int) -> Iterator[list]:
+        """Waits for the model to load, yielding progress; then, if Stop came while the run waited in the queue,
+        says so (the caller ends when `control.stopped`)."""
         while self.loader.wait(timeout=1.0) is None:
-            yield f"Waiting for the model to finish loading ({self.loader.phase})…"
+            yield [f"Waiting for the model to finish loading ({self.loader.phase})…", *skips(width)]
+        if control.stopped:
+            yield [STOPPED_IN_QUEUE, *skips(width)]
 
     # Explore ---------------------------------------------------------------------------------------------------
 
@@ -177,10 +181,8 @@ class Handlers:
                                        total_tokens=int(total_tokens), mlptopk=int(mlptopk), pruning=int(pruning),
                                        fta=bool(fta))
                 config = settings.config(method)
-                for waiting in self._engine():
-                    yield [waiting, *skips(width)]
+                yield from self._turn(control, width)
                 if control.stopped:
-                    yield [STOPPED_IN_QUEUE, *skips(width)]
                     return
                 engine = self.loader.engine
                 yield [f"Generating with {method_name(method)}…", *skips(width)]
@@ -268,10 +270,8 @@ class Handlers:
                 settings = RunSettings(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
                                        top_k=int(top_k), total_tokens=int(total_tokens), fta=bool(fta))
                 configs = {m: s.config(m) for m, s in race_settings(settings).items()}
-                for waiting in self._engine():
-                    yield [waiting, *skips(width)]
+                yield from self._turn(control, width)
                 if control.stopped:
-                    yield [STOPPED_IN_QUEUE, *skips(width)]
                     return
                 engine = self.loader.engine
                 traces: list[GenerationTrace] = []
