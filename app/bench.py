@@ -34,6 +34,8 @@ class BenchRun:
     summary: pd.DataFrame | None = None  # one row per (temperature, method, dataset)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    prompts: int = 0  # conversations measured per method (a harness run), so the largest run is listed first
+    created: str = ""  # the harness's ISO timestamp: file times are the clone's, not the run's
 
 
 def _records(value) -> bool:
@@ -61,6 +63,10 @@ def _read_json(path: Path) -> BenchRun:
     summary = data.get("summary") if isinstance(data, dict) else None
     if _records(summary) and SUMMARY_COLUMNS <= set(summary[0]):
         run.summary = pd.DataFrame(summary)
+        run.created = str(data.get("created", ""))
+        if "prompts" in run.summary:
+            measured = run.summary[run.summary["dataset"] != "mean"]
+            run.prompts = int(measured.groupby(["temperature", "method"])["prompts"].sum().max())
         report = path.with_suffix(".md")
         run.report = report.read_text(encoding="utf-8") if report.is_file() else ""
         if not run.report:
@@ -87,16 +93,19 @@ def _read_journal(path: Path) -> BenchRun:
 
 
 def read_runs(folder: Path = BENCH) -> list[BenchRun]:
-    """Runs in progress (journals) first, then every finished run in `folder`, newest file first."""
+    """Runs in progress (journals) first, then every finished run in `folder`: the one with the most conversations
+    per method first, the newest first among equals; then other files."""
     if not folder.is_dir():
         return []
-    files = sorted(folder.glob("*.json"), key=lambda p: (-p.stat().st_mtime, p.name))
+    files = sorted(folder.glob("*.json"))
     runs = []
     for path in files:
         try:
             runs.append(_read_json(path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             runs.append(BenchRun(path.stem, notes=[f"could not read `{path.name}`: {exc}"]))
+    runs.sort(key=lambda run: run.created, reverse=True)
+    runs.sort(key=lambda run: run.prompts, reverse=True)  # stable: the newest first among equals
     runs[:0] = [_read_journal(path) for path in sorted(folder.glob("*.partial.jsonl"))]
     owned = tuple(f"{p.stem}." for p in files)
     for path in sorted(folder.glob("*.csv")):

@@ -254,6 +254,20 @@ def test_bench_reader_reads_harness_runs_and_anything_else(tmp_path):
     assert "could not read `broken.json`" in runs["broken"].notes[0]
 
 
+def test_bench_reader_lists_the_largest_then_the_newest_run_first(tmp_path):
+    def write(name: str, prompts: int, created: str) -> None:
+        summary = [dict(row, prompts=prompts) for row in bench_summary()]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, "created": created, "summary": summary}))
+
+    write("a-small-new", 4, "2026-11-23T07:00:00+00:00")
+    write("b-full", 80, "2026-11-01T00:00:00+00:00")
+    write("c-small-old", 4, "2026-11-20T00:00:00+00:00")
+    (tmp_path / "notes.json").write_text(json.dumps({"machine": "2-core EPYC"}))
+    runs = read_runs(tmp_path)
+    assert [run.name for run in runs] == ["b-full", "a-small-new", "c-small-old", "notes"]
+    assert runs[0].prompts == 160  # two datasets of 80 conversations
+
+
 def test_bench_charts_have_one_series_per_method():
     rows = [r for r in bench_summary() if r["dataset"] != "mean"]
     fig = figures.grouped_bar_figure(rows, "dataset", "speedup", "speed-up")
