@@ -104,8 +104,7 @@ def read_runs(folder: Path = BENCH) -> list[BenchRun]:
             runs.append(_read_json(path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             runs.append(BenchRun(path.stem, notes=[f"could not read `{path.name}`: {exc}"]))
-    runs.sort(key=lambda run: run.created, reverse=True)
-    runs.sort(key=lambda run: run.prompts, reverse=True)  # stable: the newest first among equals
+    runs.sort(key=lambda run: (run.prompts, run.created), reverse=True)
     runs[:0] = [_read_journal(path) for path in sorted(folder.glob("*.partial.jsonl"))]
     owned = tuple(f"{p.stem}." for p in files)
     for path in sorted(folder.glob("*.csv")):
