@@ -18,6 +18,9 @@ SHAREGPT=${SHAREGPT:-}                # ShareGPT JSON; empty: the copy in the sh
 CONVERSATIONS=${CONVERSATIONS:-20000} # per training set (the train split has 16,953 usable conversations)
 HELDOUT=${HELDOUT:-400}               # held-out conversations (the split holds 337)
 NEW_TOKENS=${NEW_TOKENS:-256}         # length of the target's own replies (self-distillation)
+TURNS=${TURNS:-1}                     # user turns the target answers per training conversation (one sequence each)
+MAX_PROMPT_LEN=${MAX_PROMPT_LEN:-256} # longer prompts are skipped (CNN/DM's articles run to about 1,000 tokens)
+TRAIN_MAX_LEN=${TRAIN_MAX_LEN:-$(( MAX_PROMPT_LEN + NEW_TOKENS > 1024 ? MAX_PROMPT_LEN + NEW_TOKENS : 1024 ))}
 GEN_BATCH=${GEN_BATCH:-1024}
 SHARD=${SHARD:-1024}
 MAX_LEN=${MAX_LEN:-512}               # ShareGPT conversations (their own replies) are cut to this many tokens
@@ -44,7 +47,8 @@ common=(--dtype "$DTYPE" $MODEL_ARGS)
 $PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --gen-batch "$GEN_BATCH" \
     --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/distill-heldout" "${data[@]}" "${common[@]}" &
 $PY -m gumiho.train prepare --split train --conversations "$CONVERSATIONS" --gen-batch "$GEN_BATCH" \
-    --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/distill-train" "${data[@]}" "${common[@]}" &
+    --max-new-tokens "$NEW_TOKENS" --turns "$TURNS" --max-prompt-len "$MAX_PROMPT_LEN" --shard-size "$SHARD" \
+    --out "$CACHE/distill-train" "${data[@]}" "${common[@]}" &
 $PY -m gumiho.train prepare --split train --no-distill --conversations "$CONVERSATIONS" --max-len "$MAX_LEN" \
     --shard-size "$SHARD" --out "$CACHE/sharegpt-train" "${data[@]}" "${common[@]}" &
 wait
@@ -52,7 +56,7 @@ wait
 # 2. Both drafters on the same data (self-distilled replies counted twice) and the same steps, concurrently.
 DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
-       --max-len 1024 --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
+       --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
 rm -f "$RUNS/gumiho/length.json"  # the run writes it again once its length is fixed (at once when resuming a fixed run)
 $PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --unroll "$UNROLL_GUMIHO" $(init gumiho) \

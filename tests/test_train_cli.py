@@ -19,6 +19,7 @@ def _exit_code(argv: list[str]) -> int:
     (["--drafter", "eagle2", "--data", "no/such/folder", "--out", "x"], "no feature folder no/such/folder"),
     (["--drafter", "eagle2"], "required"),
     (["prepare", "--out", "x", "--split", "test"], "--split must be train or heldout"),
+    (["prepare", "--out", "x", "--turns", "0"], "--turns must be at least 1"),
     (["ship", "--run", "no/such/run", "--dest", "x"], "not a finished training run"),
 ])
 def test_bad_input_is_one_line_and_non_zero(capsys, argv, message):

@@ -109,3 +109,50 @@ def test_feature_shards_round_trip_and_match_unbatched_forward(tmp_path):
     assert [s.input_ids.tolist() for s in seqs] == [r.input_ids for r in rendered]
     assert seqs[0].loss_mask.tolist() == [False, False, True, True, True]
     assert seqs[1].features.dtype == torch.float16 and seqs[1].features.shape == (3, 32)
+
+
+def _chat_target():
+    target = tiny_target(vocab=32)
+    target.tokenizer.chat_template = ("{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+                                      "{% if add_generation_prompt %}w1 {% endif %}")
+    return target
+
+
+def _greedy_alone(target, prompt: list[int], new: int) -> list[int]:
+    out = target.model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_self_distillation_answers_each_turn_with_the_targets_own_earlier_replies():
+    from gumiho.train.distill import regenerate
+
+    target = _chat_target()
+    user = lambda text: {"role": "user", "content": text}  # noqa: E731
+    reply = {"role": "assistant", "content": "w9 w9"}  # ShareGPT's own reply: replaced by the target's
+    convs = [Conversation("a", [user("w3 w4 w5"), reply, user("w6"), reply, user("w7")]),
+             Conversation("b", [user("w8"), reply, user("w10 w11 w12 w13")]),
+             Conversation("c", [user("w3")])]
+    rendered = regenerate(target, convs, max_prompt_len=40, max_new_tokens=4, batch_size=2, turns=2)
+    assert [r.id for r in rendered] == ["a", "b", "c", "a/turn2", "b/turn2"]  # a's third turn is past `turns`
+    by_id = {r.id: r for r in rendered}
+    for r in rendered:
+        prompt = r.input_ids[: r.loss_mask.index(1)]
+        assert r.loss_mask == [0] * len(prompt) + [1] * 4
+        assert r.input_ids[len(prompt):] == _greedy_alone(target, prompt, 4)  # batched, left-padded = one by one
+    first_reply = " ".join(f"w{t}" for t in by_id["a"].input_ids[-4:])
+    expected = target.tokenizer.apply_chat_template(
+        [user("w3 w4 w5"), {"role": "assistant", "content": first_reply}, user("w6")], add_generation_prompt=True)["input_ids"]
+    turn2 = by_id["a/turn2"]
+    assert turn2.input_ids[: turn2.loss_mask.index(1)] == expected
+
+
+def test_self_distillation_stops_a_conversation_at_its_first_prompt_that_is_too_long():
+    from gumiho.train.distill import regenerate
+
+    target = _chat_target()
+    user = lambda text: {"role": "user", "content": text}  # noqa: E731
+    reply = {"role": "assistant", "content": "w9"}
+    convs = [Conversation("long", [user(" ".join(["w5"] * 12))]),
+             Conversation("short", [user("w5"), reply, user(" ".join(["w6"] * 6))])]
+    rendered = regenerate(target, convs, max_prompt_len=12, max_new_tokens=3, batch_size=4, turns=2)
+    assert [r.id for r in rendered] == ["short"]  # its second prompt (6 + 3 reply + template tokens) is too long

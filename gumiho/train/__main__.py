@@ -68,6 +68,8 @@ def prepare_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.split not in ("train", "heldout"):
         raise GumihoError(f"--split must be train or heldout, not {args.split!r}")
+    if args.turns < 1:
+        raise GumihoError(f"--turns must be at least 1, not {args.turns}")
     out = prepare(_config(PrepareConfig, args), _target(args))
     print(out)
     return 0

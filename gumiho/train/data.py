@@ -155,7 +155,3 @@ def render(conversation: Conversation, tokenizer: PreTrainedTokenizerBase, max_l
         return None
     return Rendered(id=conversation.id, input_ids=ids, loss_mask=mask)
 
-
-def first_turns(conversations: list[Conversation]) -> list[Conversation]:
-    """Each conversation cut to its first user message (the prompt for self-distillation)."""
-    return [Conversation(id=c.id, messages=c.messages[:1]) for c in conversations]

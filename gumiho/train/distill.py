@@ -1,7 +1,10 @@
 """Self-distillation: the target rewrites the assistant replies, so the drafter learns what *this* model writes.
 
-Only the first user turn is kept as the prompt; the target answers it greedily (T = 0, the setting the drafters
-are measured in). Prompts run in batches (left-padded), which is several times faster per token than one by one.
+The target answers each conversation's user turns in order, greedily (T = 0, the setting the drafters are measured
+in). Turn r's prompt holds the user's first r messages and the target's own r - 1 earlier replies, decoded and
+rendered by the chat template: exactly what a multi-turn chat (MT-Bench's second turn) feeds the engine. Each reply
+becomes one training sequence, its prompt unmasked. Prompts run in batches (left-padded), which is several times
+faster per token than one by one.
 """
 
 from __future__ import annotations
@@ -13,37 +16,60 @@ from .data import Conversation, Rendered, _template_ids
 
 
 @torch.inference_mode()
+def greedy_replies(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> list[list[int]]:
+    """The target's greedy reply to each prompt (cut after its first end-of-turn token), in the prompts' order."""
+    tokenizer, dev = target.tokenizer, target.device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_ids, default=0)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch: less padding
+    replies: list[list[int]] = [[] for _ in prompts]
+    for start in range(0, len(order), batch_size):
+        batch = order[start: start + batch_size]
+        width = max(len(prompts[i]) for i in batch)
+        input_ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch], device=dev)
+        attention = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in batch], device=dev)
+        out = target.model.generate(
+            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
+            pad_token_id=pad, eos_token_id=sorted(target.eos_ids) or None,
+        )
+        for i, row in zip(batch, out[:, width:].tolist()):
+            replies[i] = _cut_reply(row, target.eos_ids)
+    return replies
+
+
 def regenerate(
     target: Target,
     conversations: list[Conversation],
     max_prompt_len: int = 256,
     max_new_tokens: int = 192,
     batch_size: int = 16,
+    turns: int = 1,
 ) -> list[Rendered]:
-    """Prompt ids + the target's greedy reply for each conversation's first user turn; prompts that are too long
-    are skipped. The mask covers the reply (up to and including the end-of-turn token)."""
-    tokenizer, dev = target.tokenizer, target.device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_ids)
-    prompts = []
-    for conversation in conversations:
-        ids = _template_ids(tokenizer, conversation.messages[:1], True)
-        if len(ids) <= max_prompt_len:
-            prompts.append((conversation.id, ids))
-    prompts.sort(key=lambda p: len(p[1]))  # similar lengths share a batch: less padding
+    """One sequence per reply: the prompt ids and the target's greedy reply to it, for each conversation's first
+    `turns` user messages. The mask covers the reply (up to and including the end-of-turn token). A conversation
+    ends at its first prompt longer than `max_prompt_len` tokens or at its first empty reply."""
+    tokenizer = target.tokenizer
+    history: dict[str, list[dict[str, str]]] = {c.id: [] for c in conversations}
+    users = {c.id: [m["content"] for m in c.messages if m["role"] == "user"] for c in conversations}
+    alive = list(conversations)
     rendered = []
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start: start + batch_size]
-        width = max(len(ids) for _, ids in batch)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=dev)
-        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch], device=dev)
-        out = target.model.generate(
-            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
-            pad_token_id=pad, eos_token_id=sorted(target.eos_ids),
-        )
-        for (cid, ids), row in zip(batch, out[:, width:].tolist()):
-            reply = _cut_reply(row, target.eos_ids)
-            if reply:
-                rendered.append(Rendered(id=cid, input_ids=ids + reply, loss_mask=[0] * len(ids) + [1] * len(reply)))
+    for turn in range(turns):
+        asked = []
+        for c in alive:
+            if turn < len(users[c.id]):
+                messages = history[c.id] + [{"role": "user", "content": users[c.id][turn]}]
+                ids = _template_ids(tokenizer, messages, True)
+                if len(ids) <= max_prompt_len:
+                    asked.append((c, messages, ids))
+        replies = greedy_replies(target, [ids for _, _, ids in asked], max_new_tokens, batch_size)
+        alive = []
+        for (c, messages, ids), reply in zip(asked, replies):
+            if not reply:
+                continue
+            name = c.id if turn == 0 else f"{c.id}/turn{turn + 1}"
+            rendered.append(Rendered(id=name, input_ids=ids + reply, loss_mask=[0] * len(ids) + [1] * len(reply)))
+            text = tokenizer.decode([t for t in reply if t not in target.eos_ids], skip_special_tokens=True)
+            history[c.id] = messages + [{"role": "assistant", "content": text}]
+            alive.append(c)
     return rendered
 
 

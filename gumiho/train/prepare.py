@@ -20,7 +20,8 @@ from .features import target_features, write_shard
 class PrepareConfig:
     out: str
     split: str = "train"  # "train" | "heldout"
-    distill: bool = True  # replies by the target itself (first turn) instead of ShareGPT's replies
+    distill: bool = True  # replies by the target itself instead of ShareGPT's replies
+    turns: int = 1  # with distill: the target answers this many user turns per conversation, one sequence each
     conversations: int = 1000
     shard_size: int = 64
     max_len: int = 1024
@@ -64,7 +65,8 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
             bar.update(len(group))
             continue
         if config.distill:
-            rendered = regenerate(target, group, config.max_prompt_len, config.max_new_tokens, config.gen_batch)
+            rendered = regenerate(target, group, config.max_prompt_len, config.max_new_tokens, config.gen_batch,
+                                  config.turns)
         else:
             rendered = [r for r in (render(c, target.tokenizer, config.max_len, eos) for c in group) if r is not None]
         write_shard(path, rendered, target_features(target, rendered))
