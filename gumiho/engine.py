@@ -169,7 +169,7 @@ class Run:
         prompt = torch.tensor(self.prompt_ids, device=device)
         features = target.features(prompt, cache)
         root = pick(target.logits(features[-1]), config.sampling, generator)
-        output, (kept, reason) = [root], self._cut([root], 0)
+        output, (_, reason) = [root], self._cut([root], 0)
         trace.first_token = root
         # The drafter's pairs: the feature at each position with the token that follows it.
         new_features, new_tokens = features, torch.cat([prompt[1:], prompt.new_tensor([root])])

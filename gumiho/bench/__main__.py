@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path

@@ -67,10 +67,6 @@ class CostCurve:
                 return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
         return pairs[-1][1]
 
-    def to_frame(self) -> pd.DataFrame:
-        base = self.at(1)
-        return pd.DataFrame({"tokens": self.sizes, "ms": self.ms, "x_decode_step": [m / base for m in self.ms]})
-
 
 @torch.inference_mode()
 def measure_cost_curve(target: Target, sizes: tuple[int, ...] = (1,) + SIZES, kv_length: int = 300,
