@@ -190,6 +190,8 @@ def load_target(
         folder, name = model, model
         if Path(model).exists() and not (Path(model) / "config.json").is_file():
             raise GumihoError(f"{model} is not a model folder (no config.json)")
+        if not Path(model).exists() and (Path(model).is_absolute() or model.startswith((".", "~"))):
+            raise GumihoError(f"no model folder {model}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         lm = AutoModelForCausalLM.from_pretrained(folder, dtype=dt, attn_implementation="sdpa")

@@ -55,6 +55,8 @@ def test_json_output_and_exactness_through_the_cli(capsys, tmp_path):
     (["--prompt", "hi", "--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
     (["--prompts", "/nonexistent/prompts.jsonl"], "cannot read prompts file"),
     ([], "give --prompt TEXT or --prompts FILE.jsonl"),
+    (["--prompt", "hi", "--model", "/no/such/model"], "no model folder /no/such/model"),
+    (["--prompt", "hi", "--model", "tests"], "tests is not a model folder (no config.json)"),
 ])
 def test_bad_input_fails_fast_with_one_line(capsys, args, message):
     code, out, err = run_cli(capsys, *args)
