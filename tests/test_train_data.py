@@ -1,12 +1,15 @@
-"""ShareGPT decoding (cut-off file), assistant loss masks, truncation, the split and the feature shards."""
+"""ShareGPT decoding (cut-off file), .jsonl data, assistant loss masks, truncation, the split, feature shards and
+self-distillation."""
 
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 import torch
 
-from gumiho.train.data import Conversation, is_heldout, iter_json_records, load_sharegpt, render, split
+from gumiho.train.data import Conversation, is_heldout, iter_json_records, load_conversations, render, split
 from gumiho.train.features import load_sequences, target_features, write_shard
 from tests.conftest import tiny_target
 
@@ -38,7 +41,7 @@ def test_cut_off_file_decodes_complete_records(tmp_path):
     path = tmp_path / "sharegpt.json"
     path.write_text(text[: text.rindex("off")])  # the third record is cut in the middle
     assert [r["id"] for r in iter_json_records(path.read_text())] == ["a_0", "b_0"]
-    loaded = load_sharegpt(path)
+    loaded = load_conversations(path)
     assert [c.messages for c in loaded][0] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
 
@@ -51,7 +54,7 @@ def test_unusable_records_are_dropped(tmp_path):
     ]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(records))
-    loaded = load_sharegpt(path)
+    loaded = load_conversations(path)
     assert [c.id for c in loaded] == ["ok_0"]
     assert loaded[0].messages[0] == {"role": "user", "content": "q"}
 
@@ -156,3 +159,77 @@ def test_self_distillation_stops_a_conversation_at_its_first_prompt_that_is_too_
              Conversation("short", [user("w5"), reply, user(" ".join(["w6"] * 6))])]
     rendered = regenerate(target, convs, max_prompt_len=12, max_new_tokens=3, batch_size=4, turns=2)
     assert [r.id for r in rendered] == ["short"]  # its second prompt (6 + 3 reply + template tokens) is too long
+
+
+def test_jsonl_training_data_in_three_forms(tmp_path):
+    lines = [
+        _record("sg_0", ("human", "q1"), ("gpt", "a1")),
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q2"},
+                      {"role": "assistant", "content": "a2"}]},
+        {"question_id": 7, "turns": ["q3", "and then?"]},
+        {"prompt": "q4"},
+        {"prompt": "   "},  # unusable: dropped
+        {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},  # two user turns in a row
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    loaded = load_conversations(path)
+    assert [c.id for c in loaded] == ["sg_0", "2", "7", "4"]  # an id, else the question id, else the line number
+    assert loaded[1].messages == [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+    assert loaded[2].messages == [{"role": "user", "content": "q3"}, {"role": "user", "content": "and then?"}]
+    assert render(loaded[3], CharChatML(), 64, IM_END) is None  # no reply to learn from without self-distillation
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"prompt": "ok"}\n{"prompt": "cut', "mine.jsonl line 2 is not JSON"),
+    ('["a list"]', "mine.jsonl line 1 is not a JSON object"),
+    ('{"text": "hi"}', "mine.jsonl line 1: expected 'conversations', 'messages', 'prompt' or 'turns'"),
+    ('{"prompt": ""}', "mine.jsonl holds no usable conversations"),
+])
+def test_bad_jsonl_training_data_names_the_file_and_line(tmp_path, text, message):
+    from gumiho.errors import GumihoError
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text(text)
+    with pytest.raises(GumihoError, match=re.escape(message)):
+        load_conversations(path)
+    with pytest.raises(GumihoError, match="cannot read training data"):
+        load_conversations(tmp_path / "missing.jsonl")
+
+
+def test_prepare_writes_resumable_shards_of_self_distilled_turns(tmp_path):
+    from gumiho.train.prepare import PrepareConfig, prepare
+
+    target = _chat_target()
+    data = tmp_path / "chats.jsonl"
+    chats = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"w{3 + i % 5} w4"},
+                                          {"role": "assistant", "content": "w5 w6"}, {"role": "user", "content": "w7"}]}
+             for i in range(12)]
+    data.write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    config = PrepareConfig(out=str(tmp_path / "out"), data=str(data), conversations=12, shard_size=5, max_new_tokens=3,
+                           gen_batch=4, turns=2, heldout_percent=0.0)
+    out = prepare(config, target)
+    shards = sorted(out.glob("shard-*.safetensors"))
+    first = load_sequences(out)
+    assert len(shards) == 3 and len(first) == 24  # 5 + 5 + 2 conversations, two replies each
+    assert sorted(json.loads(line)["id"] for line in (out / "prompts.jsonl").read_text().splitlines()) == \
+        sorted(chat["id"] for chat in chats)
+    assert all(s.loss_mask.sum() == 3 for s in first)  # the target's own 3-token replies, not "w5 w6"
+
+    kept = {p.name: p.stat().st_mtime_ns for p in shards[:2]}
+    shards[2].unlink()  # the process died before its last shard
+    prepare(config, target)
+    assert {p.name: p.stat().st_mtime_ns for p in shards[:2]} == kept and shards[2].exists()
+    again = load_sequences(out)
+    assert [s.input_ids.tolist() for s in again] == [s.input_ids.tolist() for s in first]
+
+
+def test_prepare_without_self_distillation_needs_replies(tmp_path):
+    from gumiho.errors import GumihoError
+    from gumiho.train.prepare import PrepareConfig, prepare
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "w3 w4"}\n')
+    config = PrepareConfig(out=str(tmp_path / "out"), data=str(data), distill=False, heldout_percent=0.0)
+    with pytest.raises(GumihoError, match="no assistant replies, which --no-distill needs"):
+        prepare(config, _chat_target())

