@@ -55,7 +55,8 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
     (out / "prepare.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
     chosen = select(config, load_conversations(config.data or None))
     if not config.distill and not any(m["role"] == "assistant" for c in chosen for m in c.messages):
-        raise GumihoError("these conversations hold no assistant replies, which --no-distill needs (without it the target writes them)")
+        raise GumihoError("these conversations hold no assistant replies, which --no-distill needs "
+                          "(without it the target writes them)")
     write_prompts(out / "prompts.jsonl", chosen)
     eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in target.tokenizer.get_vocab() \
         else target.tokenizer.eos_token_id
