@@ -102,6 +102,20 @@ def test_vocab_coverage_counts_greedy_tokens_inside_the_draft_vocabulary():
     assert vocab_coverage(drafter, target, [seq]) == pytest.approx(expected, abs=1e-4)
 
 
+def test_a_drafter_trained_on_a_draft_vocabulary_can_propose_from_the_whole_one():
+    from gumiho.drafters import new_drafter
+
+    target = tiny_target(vocab=32)
+    drafter = new_drafter("eagle2", target.model.config, draft_vocab_size=8)
+    drafter.draft_vocab = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23])
+    hidden = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    restricted = drafter.attach(target.embed_weight, target.head_weight).head_logits(hidden)
+    full = drafter.use_full_vocab().attach(target.embed_weight, target.head_weight).head_logits(hidden)
+    assert restricted.shape == (4, 8) and full.shape == (4, 32) and drafter.config.draft_vocab_size == 0
+    torch.testing.assert_close(full[:, [3, 5, 7, 11, 13, 17, 19, 23]], restricted)  # the same head rows
+    assert torch.equal(drafter.top_tokens(hidden, 1)[1][:, 0], full.argmax(-1))  # ids of the whole vocabulary
+
+
 @pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
 def test_unrolled_steps_match_drafting_on_own_outputs(kind):
     """Step k of the training-time test at slot j equals drafting k tokens after slot j with a KV cache: the same

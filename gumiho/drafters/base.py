@@ -99,6 +99,14 @@ class Drafter(nn.Module):
         self._head = PackedMatrix(self.head_weight)
         return self
 
+    def use_full_vocab(self) -> Drafter:
+        """Propose from the target's whole vocabulary. The draft head is the target's lm_head restricted to the
+        draft vocabulary, so a drafter trained with one runs on all of it: this measures what the restriction
+        costs. Call before `attach`."""
+        self.draft_vocab = None
+        self.config.draft_vocab_size = 0
+        return self
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(tokens, self.embed_weight)
 

@@ -103,6 +103,8 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--prompts", action="append", default=[], help="JSONL prompts file for tau (repeatable)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N prompts of each file (0 = all)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--full-vocab", action="store_true",
+                        help="propose from the whole vocabulary, not the drafter's draft vocabulary (what it costs)")
     parser.add_argument("--out", help="write the results as JSON here")
     _common(parser)
     args = parser.parse_args(argv)
@@ -112,8 +114,11 @@ def eval_main(argv: list[str]) -> int:
         raise GumihoError(f"{args.heldout} holds ShareGPT's replies (prepare --no-distill); chain accuracy needs "
                           "the target's own replies: prepare --split heldout without --no-distill")
     drafter = Drafter.from_pretrained(args.drafter_dir)
+    if args.full_vocab:
+        drafter.use_full_vocab()
     target = _target(args)
-    results: dict = {"drafter": args.drafter_dir, "max_new_tokens": args.max_new_tokens}
+    results: dict = {"drafter": args.drafter_dir, "max_new_tokens": args.max_new_tokens,
+                     "vocabulary": "full" if args.full_vocab else "draft"}
     if args.heldout:
         from .features import load_sequences
 
