@@ -233,3 +233,14 @@ def test_prepare_without_self_distillation_needs_replies(tmp_path):
     config = PrepareConfig(out=str(tmp_path / "out"), data=str(data), distill=False, heldout_percent=0.0)
     with pytest.raises(GumihoError, match="no assistant replies, which --no-distill needs"):
         prepare(config, _chat_target())
+
+
+def test_long_prompts_are_generated_in_smaller_batches():
+    from gumiho.train.distill import SIZED_FOR, length_batches
+
+    lengths = [10, 900, 20, 250, 600, 30, 1000, 40]
+    batches = length_batches(lengths, batch_size=4, max_new_tokens=100)
+    assert sorted(i for b in batches for i in b) == list(range(8))
+    assert [[lengths[i] for i in b] for b in batches] == [[10, 20, 30, 40], [250, 600], [900], [1000]]
+    for b in batches:
+        assert len(b) <= 4 and len(b) * (max(lengths[i] for i in b) + 100) <= 4 * (SIZED_FOR + 100)

@@ -15,15 +15,31 @@ from ..target import Target
 from .data import Conversation, Rendered, _template_ids
 
 
+SIZED_FOR = 256  # prompt tokens a batch of `batch_size` prompts is sized for
+
+
+def length_batches(lengths: list[int], batch_size: int, max_new_tokens: int) -> list[list[int]]:
+    """Indices in batches of similar length (less padding): at most `batch_size` each, and never more tokens
+    (padded prompts + replies) than `batch_size` prompts of SIZED_FOR tokens, so long prompts come in smaller
+    batches and memory stays what the batch size was chosen for."""
+    budget = batch_size * (SIZED_FOR + max_new_tokens)
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        last = batches[-1] if batches else []
+        if last and len(last) < batch_size and (len(last) + 1) * (lengths[i] + max_new_tokens) <= budget:
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 @torch.inference_mode()
 def greedy_replies(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> list[list[int]]:
     """The target's greedy reply to each prompt (cut after its first end-of-turn token), in the prompts' order."""
     tokenizer, dev = target.tokenizer, target.device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_ids, default=0)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch: less padding
     replies: list[list[int]] = [[] for _ in prompts]
-    for start in range(0, len(order), batch_size):
-        batch = order[start: start + batch_size]
+    for batch in length_batches([len(p) for p in prompts], batch_size, max_new_tokens):
         width = max(len(prompts[i]) for i in batch)
         input_ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch], device=dev)
         attention = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in batch], device=dev)
