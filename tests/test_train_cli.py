@@ -34,3 +34,15 @@ def test_chain_accuracy_refuses_replies_the_target_did_not_write(capsys, tmp_pat
     code = _exit_code(["eval", "--drafter-dir", "assets/drafters/smollm2-135m-eagle2", "--heldout", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code != 0 and "chain accuracy needs the target's own replies" in err and len(err.splitlines()) == 1
+
+
+def test_every_option_explains_itself_in_help(capsys):
+    from dataclasses import fields
+
+    from gumiho.train.prepare import PrepareConfig
+    from gumiho.train.trainer import TrainConfig
+
+    for cls in (PrepareConfig, TrainConfig):
+        assert all(f.metadata.get("help") for f in fields(cls)), cls.__name__
+    assert _exit_code(["prepare", "--help"]) == 0
+    assert "user turns answered per conversation" in " ".join(capsys.readouterr().out.split())

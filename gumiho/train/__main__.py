@@ -28,13 +28,14 @@ def _add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[s
     for f in fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag, text = "--" + f.name.replace("_", "-"), f.metadata.get("help", "")
         if f.default is MISSING:
-            parser.add_argument(flag, required=True)
+            parser.add_argument(flag, required=True, help=text)
         elif isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=text)
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
+            shown = f" (default: {f.default})" if f.default != "" else ""
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=text + shown)
 
 
 def _config(cls, args: argparse.Namespace):

