@@ -170,6 +170,8 @@ def test_jsonl_training_data_in_three_forms(tmp_path):
         {"prompt": "q4"},
         {"prompt": "   "},  # unusable: dropped
         {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},  # two user turns in a row
+        {"conversations": ["not a turn"]},
+        {"messages": "not a list"},
     ]
     path = tmp_path / "mine.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")

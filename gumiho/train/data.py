@@ -81,7 +81,10 @@ def _alternating(turns: list[tuple[object, object]]) -> list[dict[str, str]] | N
 
 def to_conversation(record: dict) -> Conversation | None:
     """A ShareGPT record as alternating user/assistant messages starting with a user turn, or None if unusable."""
-    messages = _alternating([(t.get("from", ""), t.get("value")) for t in record.get("conversations") or []])
+    turns = record.get("conversations")
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        return None
+    messages = _alternating([(t.get("from", ""), t.get("value")) for t in turns])
     if messages is None or len(messages) < 2:
         return None
     return Conversation(id=str(record.get("id", "")), messages=messages)
