@@ -64,28 +64,29 @@ def regenerate(
     `turns` user messages. The mask covers the reply (up to and including the end-of-turn token). A conversation
     ends at its first prompt longer than `max_prompt_len` tokens or at its first empty reply."""
     tokenizer = target.tokenizer
-    history: dict[str, list[dict[str, str]]] = {c.id: [] for c in conversations}
-    users = {c.id: [m["content"] for m in c.messages if m["role"] == "user"] for c in conversations}
-    alive = list(conversations)
+    users = [[m["content"] for m in c.messages if m["role"] == "user"] for c in conversations]
+    history: list[list[dict[str, str]]] = [[] for _ in conversations]  # by position: ids need not be unique
+    alive = list(range(len(conversations)))
     rendered = []
     for turn in range(turns):
         asked = []
-        for c in alive:
-            if turn < len(users[c.id]):
-                messages = history[c.id] + [{"role": "user", "content": users[c.id][turn]}]
+        for i in alive:
+            if turn < len(users[i]):
+                messages = history[i] + [{"role": "user", "content": users[i][turn]}]
                 ids = _template_ids(tokenizer, messages, True)
                 if len(ids) <= max_prompt_len:
-                    asked.append((c, messages, ids))
+                    asked.append((i, messages, ids))
         replies = greedy_replies(target, [ids for _, _, ids in asked], max_new_tokens, batch_size)
         alive = []
-        for (c, messages, ids), reply in zip(asked, replies):
+        for (i, messages, ids), reply in zip(asked, replies):
             if not reply:
                 continue
-            name = c.id if turn == 0 else f"{c.id}/turn{turn + 1}"
+            cid = conversations[i].id
+            name = cid if turn == 0 else f"{cid}/turn{turn + 1}"
             rendered.append(Rendered(id=name, input_ids=ids + reply, loss_mask=[0] * len(ids) + [1] * len(reply)))
             text = tokenizer.decode([t for t in reply if t not in target.eos_ids], skip_special_tokens=True)
-            history[c.id] = messages + [{"role": "assistant", "content": text}]
-            alive.append(c)
+            history[i] = messages + [{"role": "assistant", "content": text}]
+            alive.append(i)
     return rendered
 
 

