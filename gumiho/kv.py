@@ -5,10 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .llama import StaticCache
+
 
 @torch.inference_mode()
-def keep_accepted(cache: DynamicCache, prefix_len: int, nodes: torch.Tensor) -> None:
+def keep_accepted(cache: StaticCache | DynamicCache, prefix_len: int, nodes: torch.Tensor) -> None:
     """Keep the prefix and the KV of tree `nodes` (root first, in path order); drop everything else the tree wrote."""
+    if isinstance(cache, StaticCache):
+        cache.keep(prefix_len, nodes)
+        return
     n = nodes.numel()
     is_chain = bool((nodes == torch.arange(n, device=nodes.device)).all())
     for layer in cache.layers:

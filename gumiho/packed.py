@@ -1,10 +1,9 @@
 """oneDNN-packed fp32 matrix products for inference on CPU.
 
-On the project's reference CPU (2-core AMD EPYC, AVX2) the default fp32 `F.linear` path is slow for the shapes
-speculative decoding lives on: 1 row (a decode step) and 2-32 rows (a tree verification, a draft step). Packing
-each weight once into oneDNN's blocked layout made a decode step of the default target 84 -> 78 ms, a 12-token
-verification 164 -> 121 ms and the 49k-row lm_head ~2x faster (README, Benchmarks). Results equal `F.linear` up
-to fp32 rounding.
+The default fp32 `F.linear` path can be slow for the shapes speculative decoding lives on: 1 row (a decode step)
+and 2-64 rows (a tree verification, a draft step). Packing each weight once into oneDNN's blocked layout helps on
+some processors and hurts on others, so the machine profile (`gumiho/profile.py`) measures both and the engine
+uses what it chose. Results equal `F.linear` up to fp32 rounding.
 
 The packed copy is an inference-only cache next to the ordinary weight: forwards that autograd must track, other
 devices or dtypes, and a weight changed in place (an optimizer step) use `F.linear`, so state_dict, `.to()` and
@@ -30,8 +29,8 @@ def packing_enabled() -> bool:
 class PackedMatrix:
     """`x @ weight.T (+ bias)` that uses a oneDNN-packed copy of `weight` for CPU fp32 inference."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
+        self.weight, self.bias, self.pack = weight, bias, pack
         self._packed: torch.Tensor | None = None
         self._key: tuple | None = None
 
@@ -42,7 +41,7 @@ class PackedMatrix:
     def _usable(self, x: torch.Tensor) -> bool:
         w = self.weight
         needs_grad = torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)
-        return (not needs_grad and w.device.type == "cpu" and w.dtype == torch.float32
+        return (self.pack and not needs_grad and w.device.type == "cpu" and w.dtype == torch.float32
                 and x.dtype == torch.float32 and packing_enabled())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

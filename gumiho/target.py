@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import GumihoError
+from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,11 @@ def ensure_default_model() -> Path:
 
 @dataclass
 class Target:
-    """A causal LM and its tokenizer, with the few operations the engine needs."""
+    """A causal LM and its tokenizer, with the few operations the engine needs.
+
+    `forward` picks how the decoder runs: "lean" (`llama.LeanLlama`, a pre-allocated KV cache; Llama-family models
+    only) or "transformers" (the model's own forward, the reference). `pack`: oneDNN-packed fp32 matmuls on CPU.
+    """
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -88,6 +93,8 @@ class Target:
     device: torch.device
     dtype: torch.dtype
     eos_ids: set[int] = field(default_factory=set)
+    forward: str = "lean"
+    pack: bool = True
 
     def __post_init__(self) -> None:
         # Tree verification passes a boolean 4-D mask, which transformers hands to the attention as it is: SDPA
@@ -95,7 +102,15 @@ class Target:
         attention = self.model.config._attn_implementation
         if attention != "sdpa":
             raise GumihoError(f"{self.name} runs {attention!r} attention; tree verification needs 'sdpa'")
-        self._head = PackedMatrix(self.head_weight)
+        if self.forward not in ("lean", "transformers"):
+            raise GumihoError(f"unknown forward {self.forward!r}; choose lean or transformers")
+        if self.forward == "lean" and self.model.config.model_type not in SUPPORTED_MODEL_TYPES:
+            log.info("%s is a %s model: using the transformers forward", self.name, self.model.config.model_type)
+            self.forward = "transformers"
+        self._lean = LeanLlama(self.model, pack=self.pack) if self.forward == "lean" else None
+        if self._lean is None and self.pack:
+            pack_linears(self.model.model)
+        self._head = PackedMatrix(self.head_weight, pack=self.pack)
 
     @property
     def hidden_size(self) -> int:
@@ -117,14 +132,16 @@ class Target:
     def head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
-    def new_cache(self) -> DynamicCache:
+    def new_cache(self) -> StaticCache | DynamicCache:
+        if self._lean is not None:
+            return self._lean.new_cache()
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def features(
         self,
         input_ids: torch.Tensor,
-        cache: DynamicCache,
+        cache: StaticCache | DynamicCache,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -135,6 +152,9 @@ class Target:
         past = cache.get_seq_length()
         if position_ids is None:
             position_ids = torch.arange(past, past + input_ids.shape[0], device=self.device)
+        if self._lean is not None:
+            mask = None if attention_mask is None else attention_mask[0, 0]
+            return self._lean.forward(input_ids, position_ids, cache, mask)
         out = self.model.model(
             input_ids=input_ids[None],
             position_ids=position_ids[None],
@@ -199,5 +219,4 @@ def load_target(
         raise GumihoError(f"cannot load model {model!r}: {str(exc).splitlines()[0]}") from exc
     lm.to(dev).eval()
     lm.requires_grad_(False)
-    pack_linears(lm.model)  # faster CPU fp32 inference; a no-op elsewhere
     return Target(model=lm, tokenizer=tokenizer, name=name, device=dev, dtype=dt, eos_ids=_eos_ids(lm, tokenizer))
