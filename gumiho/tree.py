@@ -154,7 +154,7 @@ class TreeSettings:
     """Draft-tree shape. `depth` follows the reference code: EAGLE-2 expands `depth` times (tree depth depth+1);
     Gumiho drafts `depth + 1` tokens, 2 serially and `depth - 1` with MLP heads (depth 6 = 2 serial + 5 MLP).
 
-    mlp_parent_align / serial_tree_mask fix two quirks of the official Gumiho code (spec §1.5); False reproduces it.
+    mlp_parent_align / serial_tree_mask fix two quirks of the official Gumiho code (docs/design.md §10); False reproduces it.
     """
 
     top_k: int

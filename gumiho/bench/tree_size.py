@@ -1,6 +1,6 @@
 """Hardware-aware tree size: pick `total_tokens` (and `top_k`) that maximise expected tokens/s on this device.
 
-EAGLE's rule (spec §8.1) times target forwards of n tokens and divides by *assumed* gains. Here both sides are
+EAGLE's rule (docs/design.md §11) times target forwards of n tokens and divides by *assumed* gains. Here both sides are
 measured:
 
   cost curve   T(n): one verification step (target forward over n tree tokens with a tree mask on top of a

@@ -42,7 +42,7 @@ class GumihoDrafter(Drafter):
         u1 = self.transformer.fuse(self.embed(tok1), h.expand(k, -1))
         if tree.serial_tree_mask:
             own = torch.eye(k, dtype=torch.bool, device=dev)
-        else:  # the official code's causal mask among the k serial-1 nodes (spec §1.5)
+        else:  # the official code's causal mask among the k serial-1 nodes (docs/design.md §10.2)
             own = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
         h1 = self.expand(u1, stable, stable, own)
         scores2, tok2 = self.top_tokens(h1, k)
@@ -52,7 +52,7 @@ class GumihoDrafter(Drafter):
         tok2, scores2 = tok2.flatten()[best], cumulative[best]
         idx2 = pool.add(tok2, idx1[rows], scores2, "serial-2", 2)
 
-        # The official code pairs serial-2 node r with serial-1 node r instead of its parent (spec §1.5-1).
+        # The official code pairs serial-2 node r with serial-1 node r instead of its parent (docs/design.md §10.1).
         first = u1[rows] if tree.mlp_parent_align else u1
         second = self.transformer.fuse(self.embed(tok2), h1[rows])
         predicted = self.heads(torch.cat([first, second], -1), heads_used)  # [heads_used, k, H]

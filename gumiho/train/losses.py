@@ -1,4 +1,4 @@
-"""Draft losses (spec §5.4) on rows already selected by the loss mask, so masked rows cost nothing."""
+"""Draft losses (docs/design.md §14.2) on rows already selected by the loss mask, so masked rows cost nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training forward (spec §5.3) and the weighted loss (spec §5.4) for one batch.
+"""The training forward (docs/design.md §14.1) and the weighted loss (docs/design.md §14.2) for one batch.
 
 Alignment, with features f_j and tokens x_j of one sequence:
   slot j of the Transformer reads fc([e(x_{j+1}); f_j + noise]) and its output h_j regresses f_{j+1}
