@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..acceptance import Acceptance
 from ..errors import GumihoError
 from ..packed import PackedMatrix
 from ..tree import DraftPool, TreeSettings
@@ -82,10 +83,12 @@ class Drafter(nn.Module):
         self.embed_weight: torch.Tensor | None = None
         self.head_weight: torch.Tensor | None = None
         self.cache = KVCache(c.num_layers)
+        self.acceptance: Acceptance | None = None  # calibration statistics for automatic trees (choice.py)
 
     # --- shared weights -------------------------------------------------------------------------------------------
-    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> Drafter:
-        """Share the target's (frozen) embedding and lm_head; they are never stored in the drafter's files."""
+    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, pack: bool = True) -> Drafter:
+        """Share the target's (frozen) embedding and lm_head; they are never stored in the drafter's files.
+        `pack`: oneDNN-packed fp32 draft head on CPU (see packed.py)."""
         hidden, vocab = self.config.hidden_size, self.config.vocab_size
         if embed_weight.shape != (vocab, hidden) or head_weight.shape != (vocab, hidden):
             raise GumihoError(
@@ -96,7 +99,7 @@ class Drafter(nn.Module):
         self.embed_weight = embed_weight.detach()
         head = head_weight.detach()
         self.head_weight = head[self.draft_vocab] if self.draft_vocab is not None else head
-        self._head = PackedMatrix(self.head_weight)
+        self._head = PackedMatrix(self.head_weight, pack=pack)
         return self
 
     def use_full_vocab(self) -> Drafter:
@@ -194,4 +197,5 @@ class Drafter(nn.Module):
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise GumihoError(f"{folder} does not match a {config.kind} drafter (missing {missing}, unexpected {unexpected})")
+        model.acceptance = Acceptance.load(folder)
         return model.eval()

@@ -1,0 +1,44 @@
+"""A drafter's acceptance statistics: how deep its calibration drafts were accepted, per tree width.
+
+Written once per drafter by `python -m gumiho calibrate` into `acceptance.json` beside its weights, read by the
+automatic tree choice (`choice.py`). For greedy calibration runs with the widest tree of each top_k, each cycle
+keeps the running maximum score rank of its accepted nodes; the tree of total_tokens = n holds the best n - 1 nodes
+of the same pool, so the cycle would have accepted the leading nodes whose rank is below n - 1 (exact for greedy
+decoding without FTA, given the same context).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+ACCEPTANCE_FILE = "acceptance.json"
+
+
+@dataclass
+class Acceptance:
+    """Per top_k, one list per calibration cycle: the running maximum rank of its accepted nodes."""
+
+    prefix_ranks: dict[int, list[list[int]]]
+
+    def tau(self, top_k: int, n: int) -> float:
+        ranks = self.prefix_ranks[top_k]
+        if not ranks:
+            return 1.0
+        return 1.0 + sum(sum(r < n - 1 for r in cycle) for cycle in ranks) / len(ranks)
+
+    def save(self, folder: str | Path) -> None:
+        data = {"version": 1, "prefix_ranks": {str(k): v for k, v in sorted(self.prefix_ranks.items())}}
+        (Path(folder) / ACCEPTANCE_FILE).write_text(json.dumps(data) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Acceptance | None:
+        """The statistics stored with a drafter, or None when there are none (or they do not parse)."""
+        path = Path(folder) / ACCEPTANCE_FILE
+        try:
+            data = json.loads(path.read_text())
+            ranks = {int(k): [[int(r) for r in cycle] for cycle in v] for k, v in data["prefix_ranks"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return cls(ranks) if ranks else None

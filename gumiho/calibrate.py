@@ -1,0 +1,54 @@
+"""Measure a drafter's acceptance statistics (`acceptance.py`): greedy runs with the widest tree of each top_k.
+
+The prompts are generic and not taken from the benchmark sets, so the automatic trees are not tuned on the
+evaluation data. The statistics depend on the drafter and the target only, so they ship with the drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from .acceptance import Acceptance
+from .engine import Engine, GenerationConfig
+from .profile import TOP_KS, widest_tree
+from .sampling import SamplingConfig
+from .trace import CycleTrace
+from .tree import TreeSettings
+
+PROMPTS = (
+    "Describe how a bicycle works, part by part.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "What are three good habits for staying healthy while working from home?",
+    "Summarise the causes of the French Revolution in a paragraph.",
+    "A train leaves at 3 pm and travels 120 km at 80 km/h. When does it arrive? Explain step by step.",
+    "Write a polite email asking a colleague to review a document by Friday.",
+    "Translate into French: 'The weather is lovely today, let us go for a walk.'",
+)
+
+
+def accepted_prefix_ranks(cycle: CycleTrace) -> list[int]:
+    """Running maximum of the score ranks (0 = best non-root node) of the accepted nodes, root excluded. Ties keep
+    the lower node id first, as `tree.build_tree`'s stable sort does. Needs a cycle recorded with its nodes."""
+    order = sorted(range(1, len(cycle.nodes)), key=lambda i: (-cycle.nodes[i].score, i))
+    rank = {node: r for r, node in enumerate(order)}
+    running, out = -1, []
+    for node in cycle.accepted_nodes[1:]:
+        running = max(running, rank[node])
+        out.append(running)
+    return out
+
+
+def calibrate(engine: Engine, method: str, top_ks: tuple[int, ...] = TOP_KS, prompts: tuple[str, ...] = PROMPTS,
+              max_new_tokens: int = 64, progress: bool = True) -> Acceptance:
+    base = TreeSettings.default(method, engine.target.device.type)
+    ranks: dict[int, list[list[int]]] = {}
+    steps = [(k, p) for k in top_ks for p in prompts]
+    for k, prompt in tqdm(steps, desc=f"calibrating {method}", disable=not progress, leave=False):
+        tree = replace(widest_tree(method, base, k), fta=False)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=0.0), tree=tree)
+        trace = engine.generate(prompt, method, config)
+        ranks.setdefault(k, []).extend(accepted_prefix_ranks(c) for c in trace.steps)
+    return Acceptance(ranks)

@@ -1,0 +1,112 @@
+"""Automatic settings: the execution path (dtype, forward, packing) and each method's tree, from a measurement.
+
+Two inputs, kept apart because they change for different reasons:
+  - the machine profile (`profile.py`): what a verification of n tokens and a draft call cost on this machine;
+  - the drafter's acceptance statistics (`acceptance.json` in its folder, written by `python -m gumiho calibrate`):
+    for greedy calibration runs with the widest tree of each top_k, the score ranks of the accepted nodes. The
+    tree of total_tokens = n keeps the best n - 1 nodes of the same pool, so the accepted length it would have
+    given is the number of leading accepted nodes whose running maximum rank is below n - 1. These depend on the
+    drafter and the target, not on the machine.
+
+expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k) + verify_ms(n)); AR is 1000 / verify_ms(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .acceptance import Acceptance
+from .errors import GumihoError
+from .profile import SHORT, SIZES, ExecPath, MachineProfile, PathCost, widest_tree
+from .tree import TreeSettings
+
+KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hundred generated tokens
+
+
+@dataclass
+class MethodChoice:
+    method: str
+    tree: TreeSettings | None  # None for AR
+    tokens_per_s: float  # expected, from the profile
+    speedup: float  # expected, over AR on the same path
+    note: str = ""  # why the tree is not a measured choice, when it is not
+
+
+@dataclass
+class Choice:
+    """The automatic settings and why: `summary(method)` is what the CLI, the app and the bench print."""
+
+    path: ExecPath
+    methods: dict[str, MethodChoice]
+    reason: str  # why this path: the alternatives' expected speeds
+    units: str = ""  # the hardware behind a half-precision path ("AMX", "AVX512-BF16", "GPU")
+
+    def summary(self, method: str) -> str:
+        units = self.path.dtype != "float32" and self.units
+        head = SHORT[self.path.dtype] + (f" ({units})" if units else "") + f", {self.path.forward} forward"
+        m = self.methods.get(method)
+        if m is None or m.tree is None:
+            return f"{head}, AR: expected {m.tokens_per_s:.0f} tokens/s" if m else head
+        tree = f"{NAMES.get(method, method)} tree {m.tree.total_tokens} tokens, top_k {m.tree.top_k}"
+        return f"{head}, {tree}: expected {m.speedup:.2f}x over AR" + (f" ({m.note})" if m.note else "")
+
+    def to_dict(self) -> dict:
+        return {"path": {"dtype": self.path.dtype, "forward": self.path.forward, "pack": self.path.pack},
+                "reason": self.reason, "units": self.units,
+                "methods": {m: {"tree": c.tree.to_dict() if c.tree else None, "tokens_per_s": round(c.tokens_per_s, 2),
+                                "speedup": round(c.speedup, 3), "note": c.note} for m, c in self.methods.items()}}
+
+
+NAMES = {"ar": "AR", "eagle2": "EAGLE-2", "gumiho": "Gumiho"}
+
+
+def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Acceptance | None,
+              top_k: int | None = None, total_tokens: int | None = None) -> MethodChoice:
+    """The (top_k, total_tokens) with the highest expected tokens/s on this path; fixed values are kept."""
+    ar = 1e3 / cost.verify_at(1, KV_TYPICAL)
+    known = acceptance is not None and cost.draft_ms.get(method)
+    top_ks = [top_k] if top_k else sorted(cost.draft_ms.get(method, {}))
+    top_ks = [k for k in top_ks if known and k in acceptance.prefix_ranks and k in cost.draft_ms[method]]
+    if not top_ks:
+        tree = replace(base, **{k: v for k, v in (("top_k", top_k), ("total_tokens", total_tokens)) if v})
+        why = "no acceptance statistics for this drafter" if acceptance is None else "top_k not profiled"
+        return MethodChoice(method, tree, ar, 1.0, f"{why}: default tree")
+    best: tuple[float, int, int] | None = None
+    for k in top_ks:
+        widest = widest_tree(method, base, k)
+        sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
+        for n in sizes:
+            rate = 1e3 * acceptance.tau(k, n) / (cost.draft_ms[method][k] + cost.verify_at(n, KV_TYPICAL))
+            if best is None or rate > best[0]:
+                best = (rate, k, n)
+    rate, k, n = best
+    tree = replace(widest_tree(method, base, k), total_tokens=n)
+    return MethodChoice(method, tree, rate, rate / ar)
+
+
+def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: dict[str, Acceptance | None],
+           device_type: str, dtype: str | None = None, top_k: int | None = None,
+           total_tokens: int | None = None, units: str = "") -> Choice:
+    """Pick the path that makes `lead` fastest (an explicit `dtype` narrows the paths to it), then each method's
+    tree on that path."""
+    costs = [c for c in profile.costs if dtype in (None, c.path.dtype)]
+    if not costs:
+        raise GumihoError(f"the machine profile has no {dtype} path")
+
+    def plan(cost: PathCost) -> dict[str, MethodChoice]:
+        out = {}
+        ar = 1e3 / cost.verify_at(1, KV_TYPICAL)
+        for m in methods:
+            if m == "ar":
+                out[m] = MethodChoice("ar", None, ar, 1.0)
+            else:
+                out[m] = best_tree(cost, m, TreeSettings.default(m, device_type), acceptance.get(m), top_k,
+                                   total_tokens)
+        return out
+
+    plans = [(cost, plan(cost)) for cost in costs]
+    plans.sort(key=lambda p: -p[1][lead].tokens_per_s)
+    cost, chosen = plans[0]
+    others = "; ".join(f"{c.path.label} {p[lead].tokens_per_s:.1f}" for c, p in plans)
+    reason = f"expected {NAMES.get(lead, lead)} tokens/s per path: {others}"
+    return Choice(path=cost.path, methods=chosen, reason=reason, units=units)
