@@ -46,7 +46,7 @@ def load_drafter(spec: str, method: str, embed_weight: torch.Tensor, target_conf
 def official_drafter(ckpt: OfficialCheckpoint, method: str, embed_weight: torch.Tensor, target_config) -> Drafter:
     if ckpt.kind != method:
         hint = "it has MLP heads (mlp.*)" if ckpt.kind == "gumiho" else "it has no MLP heads (mlp.*)"
-        raise GumihoError(f"{ckpt.source} is a {KIND_NAMES[ckpt.kind]} checkpoint ({hint}); use it with "
+        raise GumihoError(f"{ckpt.source} is an official {KIND_NAMES[ckpt.kind]} checkpoint ({hint}); use it with "
                           f"--method {ckpt.kind}, not {method}")
     config = infer_config(ckpt, target_config)
     check_keys(ckpt, config)
@@ -99,7 +99,10 @@ def read_state_dict(file: Path) -> dict[str, torch.Tensor]:
             state = load_file(str(file))
         else:
             state = torch.load(file, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, SafetensorError) as exc:
+    except pickle.UnpicklingError:
+        raise GumihoError(f"{file} is not a state dict file: torch.load(weights_only=True) refused it (not a "
+                          "PyTorch checkpoint, or one holding Python objects besides tensors)") from None
+    except (RuntimeError, EOFError, ValueError, OSError, SafetensorError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise GumihoError(f"{file} is not a state dict file ({reason})") from None
     if not isinstance(state, dict):

@@ -67,7 +67,7 @@ class OfficialCheckpoint:
 
     def tensor(self, key: str) -> torch.Tensor:
         if key not in self.state:
-            raise GumihoError(f"{self.source} has no {key}: it is not a {KIND_NAMES[self.kind]} checkpoint")
+            raise GumihoError(f"{self.source} has no {key}: it is not an official {KIND_NAMES[self.kind]} checkpoint")
         return self.state[key]
 
 
