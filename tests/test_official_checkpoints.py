@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from gumiho.__main__ import main
 from gumiho.drafters.checkpoint import load_drafter
 from gumiho.errors import GumihoError
 from gumiho.export import official_state
@@ -171,3 +172,23 @@ def test_missing_folders_and_hub_ids_without_network(tmp_path):
 def test_a_checkpoint_file_can_be_named_directly(tmp_path):
     folder = official_folder(tmp_path, "eagle2", config=EAGLE_CONFIG)
     assert load(folder / "pytorch_model.bin", "eagle2").kind == "eagle2"
+
+
+def test_generate_with_official_checkpoints_is_exact(tmp_path, capsys):
+    TARGET.model.save_pretrained(tmp_path / "model")
+    TARGET.tokenizer.save_pretrained(tmp_path / "model")
+    folders = {"gumiho": official_folder(tmp_path / "g", "gumiho"),
+               "eagle2": official_folder(tmp_path / "e", "eagle2", config=EAGLE_CONFIG, file="model.safetensors")}
+    outputs = {}
+    for method in ("ar", "gumiho", "eagle2"):
+        extra = ["--drafter", str(folders[method])] if method != "ar" else []
+        code = main(["generate", "--model", str(tmp_path / "model"), "--method", method, *extra, "--device", "cpu",
+                     "--prompt", "w1 w2 w3 w4", "--no-chat", "--max-new-tokens", "16", "--json", "--no-fta"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        record = json.loads(out)
+        assert record["new_tokens"] == 16
+        outputs[method] = record["token_ids"]
+        if method != "ar":
+            assert record["drafter"] == str(folders[method])
+    assert outputs["gumiho"] == outputs["ar"] == outputs["eagle2"]

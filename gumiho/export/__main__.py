@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     if drafter.draft_vocab is not None:
         print(f"note: the draft vocabulary ({drafter.config.draft_vocab_size} of {drafter.config.vocab_size} tokens) "
               "is dropped: the official formats score the target's full vocabulary", file=sys.stderr)
+    if args.format == "eagle" and drafter.transformer.fc.bias.any():
+        print("note: vLLM's EAGLE drafter has no fc bias and skips fc.bias when loading; the official EAGLE code "
+              "uses it (see docs/official-checkpoints.md)", file=sys.stderr)
     target = load_target(args.model, device="cpu")
     out = export_drafter(drafter, target.embed_weight, target.max_context, args.format, args.out, DTYPES[args.dtype])
     print(f"wrote {out}/pytorch_model.bin and config.json ({args.format} format, {args.dtype})", file=sys.stderr)
