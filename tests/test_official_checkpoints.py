@@ -74,11 +74,10 @@ def test_embed_tokens_may_be_left_out(tmp_path):
 def test_our_folder_format_still_loads():
     shipped = Path(__file__).resolve().parents[1] / "assets" / "drafters" / "smollm2-135m-eagle2"
     config = json.loads((shipped / "config.json").read_text())
-    target = tiny_target(vocab=16)  # only the (unused) embedding is passed; our format carries its own config
-    drafter = load_drafter(str(shipped), "eagle2", target.embed_weight, target.model.config)
+    drafter = load(shipped, "eagle2")  # our format carries its own config: the target is not consulted here
     assert drafter.config.draft_vocab_size == config["draft_vocab_size"]
     with pytest.raises(GumihoError, match="is a eagle2 drafter; it cannot serve method gumiho"):
-        load_drafter(str(shipped), "gumiho", target.embed_weight, target.model.config)
+        load(shipped, "gumiho")
 
 
 def refused(folder, method: str, match: str, target=TARGET) -> str:
@@ -90,12 +89,11 @@ def refused(folder, method: str, match: str, target=TARGET) -> str:
 
 
 def test_another_hidden_size_is_refused_naming_the_tensor_and_both_shapes(tmp_path):
-    big = tiny_target(seed=2, vocab=16)
     folder = official_folder(tmp_path, "gumiho")
     small = type(TARGET.model.config)(**(TARGET.model.config.to_dict() | {"hidden_size": 16}))
     with pytest.raises(GumihoError, match=r"fc.weight is \[32, 64\]; a drafter for this target \(hidden size 16\) "
                                           r"needs \[16, 32\]"):
-        load_drafter(str(folder), "gumiho", big.embed_weight[:, :16], small)
+        load_drafter(str(folder), "gumiho", TARGET.embed_weight[:, :16], small)
 
 
 def test_another_vocabulary_is_refused(tmp_path):
@@ -132,6 +130,12 @@ def test_strict_keys(tmp_path, kind, drop, add, match):
 def test_eagle_bias_false_with_an_fc_bias_is_refused(tmp_path):
     refused(official_folder(tmp_path, "eagle2", config=EAGLE_CONFIG | {"bias": False}), "eagle2",
             r"unexpected key\(s\) fc.bias")
+
+
+@pytest.mark.parametrize("field,value", [("num_hidden_layers", 2), ("intermediate_size", 128)])
+def test_config_json_that_contradicts_the_weights_is_refused(tmp_path, field, value):
+    refused(official_folder(tmp_path, "eagle2", config=EAGLE_CONFIG | {field: value}), "eagle2",
+            f"config.json: {field} is {value}; the weights' is")
 
 
 def test_rope_scaling_is_refused(tmp_path):

@@ -30,7 +30,7 @@ def load_drafter(spec: str, method: str, embed_weight: torch.Tensor, target_conf
     path = locate(spec)
     folder = path.parent if path.is_file() else path
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    if "kind" in config and path.is_dir():
+    if "kind" in config:
         drafter = Drafter.from_pretrained(folder)
         if drafter.kind != method:
             raise GumihoError(f"{spec} is a {drafter.kind} drafter; it cannot serve method {method}")

@@ -4,7 +4,7 @@ Gumiho (amd/Gumiho-*) and EAGLE / EAGLE-2 (yuhuili/EAGLE-*) store the drafter as
 follow the official modules (`gumiho/model/cnets.py`, `eagle/model/cnets1.py`):
 
     embed_tokens.weight                      [V, h]   frozen copy of the target's embedding (checked, never used)
-    fc.weight, fc.bias                       [h, 2h], [h]   input cat(embedding, feature); EAGLE: no bias if "bias": false
+    fc.weight, fc.bias                       [h, 2h], [h]   input cat(embedding, feature); EAGLE "bias": false: no bias
     layers.{l}.self_attn.{q,k,v,o}_proj.weight
     layers.{l}.mlp.{gate,up,down}_proj.weight
     layers.{l}.input_layernorm.weight        only for l >= 1
@@ -100,9 +100,9 @@ def _apply_config_json(config: DrafterConfig, ckpt: OfficialCheckpoint) -> None:
             raise GumihoError(f"{source}: {name} is {c[name]}; the target's is {ours}")
     if c.get("rope_scaling"):
         raise GumihoError(f"{source}: rope_scaling {c['rope_scaling']} is not supported (plain RoPE only)")
-    if "num_hidden_layers" in c and c["num_hidden_layers"] != config.num_layers:
-        raise GumihoError(f"{source}: num_hidden_layers is {c['num_hidden_layers']}; the weights hold "
-                          f"{config.num_layers} layers")
+    for name, held in (("num_hidden_layers", config.num_layers), ("intermediate_size", config.intermediate_size)):
+        if name in c and c[name] != held:
+            raise GumihoError(f"{source}: {name} is {c[name]}; the weights' is {held}")
     config.num_attention_heads = c.get("num_attention_heads", config.num_attention_heads)
     config.num_key_value_heads = c.get("num_key_value_heads", config.num_attention_heads)
     config.rms_norm_eps = float(c.get("rms_norm_eps", ECONFIG_DEFAULTS["rms_norm_eps"]))
@@ -170,7 +170,8 @@ def to_ours(ckpt: OfficialCheckpoint, config: DrafterConfig) -> dict[str, torch.
         ours["heads.in_bias"] = torch.stack([s[f"mlp.{m}.0.linear.bias"] for m in heads])
         ours["heads.block_weight"] = torch.stack(
             [torch.stack([s[f"mlp.{m}.{j}.linear.weight"].T for j in blocks]) for m in heads])
-        ours["heads.block_bias"] = torch.stack([torch.stack([s[f"mlp.{m}.{j}.linear.bias"] for j in blocks]) for m in heads])
+        ours["heads.block_bias"] = torch.stack(
+            [torch.stack([s[f"mlp.{m}.{j}.linear.bias"] for j in blocks]) for m in heads])
     return {k: v.contiguous() for k, v in ours.items()}
 
 
