@@ -67,6 +67,10 @@ def test_eagle_config_defaults_follow_the_official_econfig(tmp_path):
     assert (drafter.config.rope_theta, drafter.config.rms_norm_eps) == (10000.0, 1e-6)
 
 
+def test_a_bf16_checkpoint_with_a_rounded_embedding_copy_loads(tmp_path):
+    assert load(official_folder(tmp_path, "gumiho", dtype=torch.bfloat16), "gumiho").kind == "gumiho"
+
+
 def test_embed_tokens_may_be_left_out(tmp_path):
     assert load(official_folder(tmp_path, "gumiho", drop=["embed_tokens.weight"]), "gumiho").kind == "gumiho"
 
