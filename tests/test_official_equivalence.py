@@ -24,6 +24,8 @@ from .official_reference import (checkpoint_state, econfig, gumiho_args, load_ch
 PROMPT, NEW = 9, 3  # cycle 1 drafts after PROMPT pairs, cycle 2 after NEW more
 ATOL, RTOL = 2e-5, 1e-4
 EAGLE_TREE = dict(top_k=4, depth=5, total_tokens=20)
+PAPER_TREE = dict(top_k=14, depth=6, total_tokens=64, mlptopk=35, pruning=35)  # scripts/eval_llama3.sh
+EAGLE_PAPER_TREE = dict(top_k=10, depth=5, total_tokens=60)  # EAGLE-2's defaults, our CUDA default
 pytestmark = pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")  # the official EConfig
 
 
@@ -44,12 +46,14 @@ def sequence(target):
     return ids, target.features(ids, target.new_cache()).clone()
 
 
-def official_pair(official, target, tmp_path, kind: str, bias: bool = True, seed: int = 0):
+def official_pair(official, target, tmp_path, kind: str, bias: bool = True, seed: int = 0, args=None,
+                  eagle_tree: dict = EAGLE_TREE):
     """(official module, our drafter), both loaded from one checkpoint folder written in the official format."""
     if kind == "gumiho":
-        build = lambda: official.gumiho.Model(econfig(official, target, 2), args=gumiho_args())  # noqa: E731
+        args = args or gumiho_args()
+        build = lambda: official.gumiho.Model(econfig(official, target, 2), args=args)  # noqa: E731
     else:
-        build = lambda: official.eagle.Model(econfig(official, target, 1), bias=bias, **EAGLE_TREE)  # noqa: E731
+        build = lambda: official.eagle.Model(econfig(official, target, 1), bias=bias, **eagle_tree)  # noqa: E731
         c = target.model.config
         (tmp_path / "config.json").write_text(json.dumps({
             "architectures": ["LlamaForCausalLM"], "hidden_size": c.hidden_size, "intermediate_size":
@@ -131,19 +135,21 @@ def draft_two_cycles(theirs, ours, target, sequence, tree: TreeSettings):
     return trees
 
 
-def test_gumiho_drafts_the_official_tree(official, target, sequence, tmp_path, monkeypatch):
-    theirs, ours = official_pair(official, target, tmp_path, "gumiho", seed=3)
+@pytest.mark.parametrize("settings", [{}, PAPER_TREE], ids=["small", "paper"])
+def test_gumiho_drafts_the_official_tree(official, target, sequence, tmp_path, monkeypatch, settings):
+    a = gumiho_args(**settings)
+    theirs, ours = official_pair(official, target, tmp_path, "gumiho", seed=3, args=a)
     # The official code casts draft features to fp16 for its fp16 lm_head; in this fp32 comparison that is a no-op.
     monkeypatch.setattr(torch.Tensor, "half", lambda self, *args, **kwargs: self)
-    a = gumiho_args()
     tree = TreeSettings(top_k=a.top_k, depth=a.depth, total_tokens=a.total_tokens, mlptopk=a.mlptopk,
                         pruning=a.pruning, mlp_parent_align=False, serial_tree_mask=False)
     trees = draft_two_cycles(theirs, ours, target, sequence, tree)
     assert max(max(t.depths) for t in trees) > 2, "no MLP-head node reached the tree: the test would prove little"
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_eagle2_drafts_the_official_tree(official, target, sequence, tmp_path, bias):
-    theirs, ours = official_pair(official, target, tmp_path, "eagle2", bias, seed=4)
-    trees = draft_two_cycles(theirs, ours, target, sequence, TreeSettings(**EAGLE_TREE))
+@pytest.mark.parametrize("bias,settings", [(True, EAGLE_TREE), (False, EAGLE_TREE), (True, EAGLE_PAPER_TREE)],
+                         ids=["small", "small-no-bias", "paper"])
+def test_eagle2_drafts_the_official_tree(official, target, sequence, tmp_path, bias, settings):
+    theirs, ours = official_pair(official, target, tmp_path, "eagle2", bias, seed=4, eagle_tree=settings)
+    trees = draft_two_cycles(theirs, ours, target, sequence, TreeSettings(**settings))
     assert max(max(t.depths) for t in trees) > 2
