@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate text with AR, EAGLE-2 or Gumiho decoding")
     gen.add_argument("--method", default="gumiho", help="ar | eagle2 | gumiho")
     gen.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
-    gen.add_argument("--drafter", help="drafter folder (default: the shipped one for the default model)")
+    gen.add_argument("--drafter", help="drafter folder or Hub id, ours or an official Gumiho / EAGLE checkpoint "
+                     "(default: the shipped one for the default model)")
     source = gen.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompts", help="JSONL file of prompts ('turns'[0] or 'prompt' per line)")
@@ -154,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_arguments(gen)
     commands.add_parser("bench", help="benchmark harness (python -m gumiho bench --help)", add_help=False)
     commands.add_parser("train", help="train a drafter (python -m gumiho train --help)", add_help=False)
+    commands.add_parser("export", help="write a drafter in the papers' formats (python -m gumiho export --help)",
+                        add_help=False)
     return parser
 
 
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        if argv and argv[0] in ("bench", "train"):
+        if argv and argv[0] in ("bench", "train", "export"):
             import importlib
 
             return importlib.import_module(f"gumiho.{argv[0]}.__main__").main(argv[1:])

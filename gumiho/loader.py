@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .drafters import Drafter, new_drafter
+from .drafters import new_drafter
+from .drafters.checkpoint import load_drafter
 from .engine import Engine
-from .errors import GumihoError
 from .target import DEFAULT_MODEL, load_target
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,14 @@ def build_engine(
     threads: int | None = None,
     seed: int = 0,
 ) -> Engine:
-    """`drafters` maps a method to a drafter folder, or None for the shipped one (random weights if none ships)."""
+    """`drafters` maps a method to a drafter folder or Hub id (ours or an official checkpoint), or None for the
+    shipped one (random weights if none ships)."""
     target = load_target(model, device=device, threads=threads)
     engine = Engine(target)
     for method, folder in ({"eagle2": None, "gumiho": None} if drafters is None else drafters).items():
-        path = Path(folder) if folder else shipped_drafter(model, method)
-        if path is not None:
-            if not path.exists():
-                raise GumihoError(f"drafter folder {path} does not exist")
-            drafter = Drafter.from_pretrained(path)
+        path = folder or shipped_drafter(model, method)
+        if path is not None:  # our folder format or an official checkpoint, local or a Hub id
+            drafter = load_drafter(str(path), method, target.embed_weight, target.model.config)
             name = str(path)
         else:
             log.warning("no trained %s drafter for %s: using random weights (exact, but nothing gets accepted)",
