@@ -176,7 +176,7 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
 
 
 def _name(trace: GenerationTrace) -> str:
-    fta = " +FTA" if trace.settings.get("fta_applied") else ""
+    fta = " +FTA" if trace.settings.fta_applied else ""
     return method_name(trace.method) + fta
 
 

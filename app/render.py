@@ -67,17 +67,17 @@ def legend_html(trace: GenerationTrace) -> str:
     sources = sorted({n.source for c in trace.steps for n in c.nodes if n.source != "root"}, key=source_order)
     chips = [f'<span style="background:{source_color(s)}40">{html.escape(source_name(s))}</span>' for s in sources]
     chips.append(f'<span style="box-shadow: inset 0 -3px 0 {BONUS_COLOR}">bonus token</span>')
-    if trace.settings.get("fta_applied"):
+    if trace.settings.fta_applied:
         chips.append('<span class="gm-borrowed">FTA-borrowed</span>')
     return f'<div class="gm-legend">{"".join(chips)}</div>'
 
 
 def trace_summary(trace: GenerationTrace) -> str:
     """One Markdown line about a whole generation."""
-    tree = trace.settings.get("tree") or {}
+    tree = trace.settings.tree or {}
     shape = ", ".join(f"{k} {v}" for k, v in tree.items() if k in ("top_k", "depth", "total_tokens") and v)
-    fta = " · FTA on" if trace.settings.get("fta_applied") else ""
-    temperature = (trace.settings.get("sampling") or {}).get("temperature", 0)
+    fta = " · FTA on" if trace.settings.fta_applied else ""
+    temperature = trace.settings.sampling.get("temperature", 0)
     seconds = elapsed_s(trace)
     rate = len(token_ids(trace)) / seconds if seconds else 0.0
     finish = f" · finished: {trace.finish_reason}" if trace.finish_reason else " · running…"
@@ -135,7 +135,7 @@ def race_table(traces: list[GenerationTrace]) -> pd.DataFrame:
         shares = time_shares(trace)
         rate = rates[trace.method]
         rows.append([
-            method_name(trace.method) + (" +FTA" if trace.settings.get("fta_applied") else ""),
+            method_name(trace.method) + (" +FTA" if trace.settings.fta_applied else ""),
             len(token_ids(trace)), trace.cycles, round(_tau(trace), 2), round(elapsed_s(trace), 2), round(rate, 1),
             f"{rate / base:.2f}×" if base else "–",
             round(100 * shares["draft"]), round(100 * shares["verify"]), round(100 * shares["other"]),
@@ -157,11 +157,11 @@ def race_headline(traces: list[GenerationTrace]) -> str:
 def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
     if diverges is None:
         return "identical to AR"
-    if (trace.settings.get("sampling") or {}).get("temperature", 0) > 0:
+    if trace.settings.sampling.get("temperature", 0) > 0:
         why = "sampling at T > 0 draws different tokens"
     elif any(c.fta_used for c in trace.steps):
         why = "FTA accepted borrowed tokens"
-    elif trace.settings.get("fta_applied"):
+    elif trace.settings.fta_applied:
         why = "FTA let short paths attend to borrowed nodes, which changed a bonus token"
     else:
         why = "floating-point ties in the tree forward"
@@ -177,6 +177,6 @@ def race_texts_html(traces: list[GenerationTrace]) -> str:
         diverges = first_divergence(token_ids(trace), reference) if compared else None
         note = _difference_note(trace, diverges) if compared else "the target's own greedy or sampled text"
         columns.append(f"<div><h4>{html.escape(method_name(trace.method))}"
-                       f"{' +FTA' if trace.settings.get('fta_applied') else ''}</h4>"
+                       f"{' +FTA' if trace.settings.fta_applied else ''}</h4>"
                        f"<small>{html.escape(note)}</small>{output_html(trace, diverges_at=diverges)}</div>")
     return f'<div class="gm-texts">{"".join(columns)}</div>'

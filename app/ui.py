@@ -504,7 +504,7 @@ def _benchmarks() -> None:
 
 def _lesson(handlers: Handlers, examples: list[Example]) -> None:
     """The lesson text with figures drawn from the recorded example runs and the τ calculator."""
-    with_fta = next((e for e in examples if any(t.settings.get("fta_applied") for t in e.traces)), None)
+    with_fta = next((e for e in examples if any(t.settings.fta_applied for t in e.traces)), None)
     showcase = with_fta or (examples[0] if examples else None)
     for text, figure in lesson_parts():
         gr.Markdown(text, latex_delimiters=LATEX)

@@ -86,9 +86,9 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
 
 def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: dict[str, Acceptance | None],
            device_type: str, dtype: str | None = None, top_k: int | None = None,
-           total_tokens: int | None = None, units: str = "") -> Choice:
+           total_tokens: int | None = None, auto_trees: bool = True, units: str = "") -> Choice:
     """Pick the path that makes `lead` fastest (an explicit `dtype` narrows the paths to it), then each method's
-    tree on that path."""
+    tree on that path (`auto_trees` False: the device's default trees, with their expected speed)."""
     costs = [c for c in profile.costs if dtype in (None, c.path.dtype)]
     if not costs:
         raise GumihoError(f"the machine profile has no {dtype} path")
@@ -100,8 +100,9 @@ def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: d
             if m == "ar":
                 out[m] = MethodChoice("ar", None, ar, 1.0)
             else:
-                out[m] = best_tree(cost, m, TreeSettings.default(m, device_type), acceptance.get(m), top_k,
-                                   total_tokens)
+                base = TreeSettings.default(m, device_type)
+                k, n = (top_k, total_tokens) if auto_trees else (base.top_k, base.total_tokens)
+                out[m] = best_tree(cost, m, base, acceptance.get(m), k, n)
         return out
 
     plans = [(cost, plan(cost)) for cost in costs]

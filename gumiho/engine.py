@@ -17,13 +17,14 @@ from typing import Iterator
 
 import torch
 
+from .choice import Choice
 from .drafters import Drafter
 from .errors import GumihoError
 from .kv import keep_accepted
 from .packed import pack_linears
 from .sampling import SamplingConfig, pick
 from .target import Target
-from .trace import CycleTrace, GenerationTrace, TraceNode, TracePath
+from .trace import CycleTrace, GenerationTrace, RunSettings, TraceNode, TracePath
 from .tree import DraftPool, DraftTree, TreeSettings, build_tree
 from .verify import verify
 
@@ -58,6 +59,7 @@ class Engine:
         self.drafters: dict[str, Drafter] = {}
         self.drafter_names: dict[str, str] = {}
         self._texts: dict[int, str] = {}
+        self.choice: Choice | None = None  # the automatic settings (choice.py), when they were made
         for method, drafter in (drafters or {}).items():
             self.add_drafter(method, drafter)
 
@@ -65,8 +67,9 @@ class Engine:
         if drafter.kind != method:
             raise GumihoError(f"a {drafter.kind} drafter cannot serve method {method}")
         t = self.target
-        drafter.attach(t.embed_weight, t.head_weight)
-        pack_linears(drafter)  # faster CPU fp32 inference; training forwards (autograd on) are unaffected
+        drafter.attach(t.embed_weight, t.head_weight, pack=t.pack)
+        if t.pack:
+            pack_linears(drafter)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
         self.drafters[method] = drafter.eval()
         self.drafter_names[method] = name
 
@@ -76,10 +79,17 @@ class Engine:
             text = self._texts[token_id] = self.target.tokenizer.decode([token_id])
         return text
 
+    def default_tree(self, method: str) -> TreeSettings:
+        """The automatic choice's tree for `method` when one was made, else the method's default for the device."""
+        chosen = self.choice.methods.get(method) if self.choice else None
+        if chosen is not None and chosen.tree is not None:
+            return chosen.tree
+        return TreeSettings.default(method, self.target.device.type)
+
     def tree_settings(self, method: str, config: GenerationConfig) -> TreeSettings | None:
         if method == "ar":
             return None
-        tree = config.tree or TreeSettings.default(method, self.target.device.type)
+        tree = config.tree or self.default_tree(method)
         tree.validate(method)
         self.drafters[method].check_tree(tree)
         return tree
@@ -126,16 +136,19 @@ class Run:
             drafter=engine.drafter_names.get(method, ""),
             prompt=prompt,
             prompt_tokens=len(prompt_ids),
-            settings={
-                "sampling": config.sampling.to_dict(),
-                "tree": tree.to_dict() if tree else None,
-                "fta_applied": bool(tree and tree.fta and config.sampling.greedy),
-                "max_new_tokens": config.max_new_tokens,
-                "chat": config.chat,
-                "seed": config.seed,
-                "device": target.device.type,
-                "threads": torch.get_num_threads(),
-            },
+            settings=RunSettings(
+                sampling=config.sampling.to_dict(),
+                tree=tree.to_dict() if tree else None,
+                fta_applied=bool(tree and tree.fta and config.sampling.greedy),
+                max_new_tokens=config.max_new_tokens,
+                chat=config.chat,
+                seed=config.seed,
+                device=target.device.type,
+                threads=torch.get_num_threads(),
+                dtype=str(target.dtype).removeprefix("torch."),
+                forward=target.forward,
+                choice=engine.choice.summary(method) + "; " + engine.choice.reason if engine.choice else "",
+            ),
         )
 
     def stop(self) -> None:
@@ -156,7 +169,7 @@ class Run:
             return build_tree(root, DraftPool(), 1, device)
         pool = self.drafter.propose(features, tokens, self.tree)
         tree = build_tree(root, pool, min(self.tree.total_tokens, room), device)
-        return tree.with_fta() if self.trace.settings["fta_applied"] else tree
+        return tree.with_fta() if self.trace.settings.fta_applied else tree
 
     @torch.inference_mode()
     def __iter__(self) -> Iterator[CycleTrace]:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .drafters import new_drafter
+from typing import Callable
+
+from .choice import choose
+from .drafters import Drafter, new_drafter
 from .drafters.checkpoint import load_drafter
 from .engine import Engine
-from .target import DEFAULT_MODEL, load_target
+from .errors import GumihoError
+from .profile import ExecPath, bf16_units, load_or_measure, target_for
+from .target import DEFAULT_MODEL, Target, load_target, parse_dtype, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -21,25 +26,64 @@ def shipped_drafter(model: str | None, method: str) -> Path | None:
     return path if path is not None and (path / "model.safetensors").is_file() else None
 
 
+def load_drafters(target: Target, model: str | None, drafters: dict[str, str | None] | None,
+                  seed: int = 0) -> dict[str, tuple[Drafter, str]]:
+    """method -> (drafter, name). `drafters` maps a method to a folder or Hub id (ours or an official checkpoint),
+    or None for the shipped one (random weights when none ships)."""
+    out = {}
+    for method, folder in ({"eagle2": None, "gumiho": None} if drafters is None else drafters).items():
+        path = folder or shipped_drafter(model, method)
+        if path is not None:  # our folder format or an official checkpoint, local or a Hub id
+            out[method] = load_drafter(str(path), method, target.embed_weight, target.model.config), str(path)
+        else:
+            log.warning("no trained %s drafter for %s: using random weights (exact, but nothing gets accepted)",
+                        method, target.name)
+            out[method] = new_drafter(method, target.model.config, seed=seed), f"random-{method}"
+    return out
+
+
 def build_engine(
     model: str | None = None,
     drafters: dict[str, str | None] | None = None,
     device: str | None = None,
     threads: int | None = None,
     seed: int = 0,
+    dtype: str | None = "auto",
+    trees: str = "auto",
+    lead: str = "gumiho",
+    progress: bool = False,
+    on_progress: Callable[[float], None] | None = None,
 ) -> Engine:
-    """`drafters` maps a method to a drafter folder or Hub id (ours or an official checkpoint), or None for the
-    shipped one (random weights if none ships)."""
+    """Load the target and its drafters and make the automatic choices.
+
+    dtype "auto": the execution path (dtype, forward, packing) that the machine profile expects to make `lead`
+    fastest; a dtype name fixes the dtype (the profile still picks forward and packing). trees "auto": each
+    method's tree from the profile and the drafter's acceptance statistics; "default": the fixed per-device
+    defaults, and no profile is measured unless the dtype is auto.
+    """
+    wanted = parse_dtype(dtype)
+    device_ = pick_device(device)
+    if wanted == "bfloat16" and device_.type == "cpu" and not bf16_units(device_):
+        log.warning("this CPU has no bf16 units: bfloat16 runs in software, several times slower than float32")
     target = load_target(model, device=device, threads=threads)
+    loaded = load_drafters(target, model, drafters, seed)
+    choice = None
+    if wanted is None or trees == "auto":
+        profile = load_or_measure(target, {m: d for m, (d, _) in loaded.items()}, progress, on_progress)
+        methods = ["ar", *loaded]
+        try:
+            choice = choose(profile, methods, lead if lead in methods else "ar",
+                            {m: d.acceptance for m, (d, _) in loaded.items()}, device_.type, wanted,
+                            auto_trees=trees == "auto", units=bf16_units(device_))
+        except GumihoError:  # an explicit dtype the profile did not measure (bf16 on a CPU without bf16 units)
+            log.warning("no measurement of %s on this machine: default trees", wanted)
+    if choice is not None:
+        path = choice.path
+    else:
+        path = ExecPath(wanted or str(target.dtype).removeprefix("torch."), pack=(wanted or "float32") == "float32")
+    target = target_for(target, path)
     engine = Engine(target)
-    for method, folder in ({"eagle2": None, "gumiho": None} if drafters is None else drafters).items():
-        path = folder or shipped_drafter(model, method)
-        if path is not None:  # our folder format or an official checkpoint, local or a Hub id
-            drafter = load_drafter(str(path), method, target.embed_weight, target.model.config)
-            name = str(path)
-        else:
-            log.warning("no trained %s drafter for %s: using random weights (exact, but nothing gets accepted)",
-                        method, target.name)
-            drafter, name = new_drafter(method, target.model.config, seed=seed), f"random-{method}"
+    for method, (drafter, name) in loaded.items():
         engine.add_drafter(method, drafter, name)
+    engine.choice = choice
     return engine

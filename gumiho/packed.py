@@ -36,7 +36,7 @@ class PackedMatrix:
 
     def _current_key(self) -> tuple:
         w = self.weight
-        return w.data_ptr(), w._version, w.shape
+        return w.data_ptr(), 0 if w.is_inference() else w._version, w.shape  # inference tensors have no version
 
     def _usable(self, x: torch.Tensor) -> bool:
         w = self.weight

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from .drafters import Drafter
 from .packed import pack_linears, packing_enabled
 from .target import Target, cache_root
-from .tree import TreeSettings
+from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +113,21 @@ class ExecPath:
         return f"{SHORT[self.dtype]} {self.forward}" + (" packed" if self.pack else "")
 
 
-def candidate_paths(device: torch.device) -> list[ExecPath]:
+def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPath]:
     """What is worth measuring on this device. bf16 on a CPU without bf16 units is left out: it is slower than
-    fp32 by a wide margin (software conversion), so measuring it would only spend the time budget."""
+    fp32 by a wide margin (software conversion), so measuring it would only spend the time budget. The
+    transformers forward is measured only for models the lean forward does not run: where both run, the lean one
+    does the same arithmetic with less around it (docs/benchmarks.md has the comparison)."""
     if device.type == "cuda":
-        half = [ExecPath("bfloat16")] if torch.cuda.is_bf16_supported() else []
-        return half + [ExecPath("float16"), ExecPath("float16", "transformers")]
+        half = [ExecPath("bfloat16", forward)] if torch.cuda.is_bf16_supported() else []
+        return half + [ExecPath("float16", forward)]
     if device.type == "mps":
-        return [ExecPath("float32"), ExecPath("float16")]
-    paths = [ExecPath("float32", "transformers"), ExecPath("float32")]
+        return [ExecPath("float32", forward), ExecPath("float16", forward)]
+    paths = [ExecPath("float32", forward)]
     if packing_enabled():
-        paths.append(ExecPath("float32", pack=True))
+        paths.append(ExecPath("float32", forward, pack=True))
     if bf16_units(device):
-        paths.append(ExecPath("bfloat16"))
+        paths.append(ExecPath("bfloat16", forward))
     return paths
 
 
@@ -230,58 +232,55 @@ def profile_path(target: Target) -> Path:
     return cache_root() / "profiles" / f"{slug}.json"
 
 
-@torch.inference_mode()
-def _time_verify(target: Target, kv: int, sizes: tuple[int, ...], repeats: int, tick: Callable[[], None]) -> list[float]:
-    generator = torch.Generator().manual_seed(0)
-    vocab, device = target.vocab_size, target.device
-    cache = target.new_cache()
-    target.features(torch.randint(vocab, (kv,), generator=generator).to(device), cache)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for r in range(repeats + 1):  # repeat 0 warms up
-        for n in sizes:
-            tokens = torch.randint(vocab, (n,), generator=generator).to(device)
-            mask = None
-            if n > 1:
-                chain = torch.ones(n, n, dtype=torch.bool).tril()
-                mask = torch.cat([torch.ones(n, kv, dtype=torch.bool), chain], 1)[None, None].to(device)
-            positions = torch.arange(kv, kv + n, device=device)
-            _sync(device)
-            start = time.perf_counter()
-            target.logits(target.features(tokens, cache, positions, mask)).argmax(-1).tolist()
-            _sync(device)
-            if r:
-                times[n].append((time.perf_counter() - start) * 1e3)
-            cache.crop(-n)
-            tick()
-    return [low(times[n]) for n in sizes]
+class _VerifyTimer:
+    """One path's target forwards over a KV cache of `kv` tokens, one size at a time."""
+
+    def __init__(self, target: Target, kv: int):
+        self.target, self.kv = target, kv
+        self.generator = torch.Generator().manual_seed(kv)
+        self.cache = target.new_cache()
+        target.features(self._tokens(kv), self.cache)
+
+    def _tokens(self, n: int) -> torch.Tensor:
+        return torch.randint(self.target.vocab_size, (n,), generator=self.generator).to(self.target.device)
+
+    def __call__(self, n: int) -> float:
+        device, kv = self.target.device, self.kv
+        tokens, mask = self._tokens(n), None
+        if n > 1:
+            chain = torch.ones(n, n, dtype=torch.bool).tril()
+            mask = torch.cat([torch.ones(n, kv, dtype=torch.bool), chain], 1)[None, None].to(device)
+        positions = torch.arange(kv, kv + n, device=device)
+        _sync(device)
+        start = time.perf_counter()
+        self.target.logits(self.target.features(tokens, self.cache, positions, mask)).argmax(-1).tolist()
+        _sync(device)
+        elapsed = (time.perf_counter() - start) * 1e3
+        self.cache.crop(-n)
+        return elapsed
 
 
-@torch.inference_mode()
-def _time_draft(target: Target, drafter: Drafter, method: str, top_ks: tuple[int, ...], repeats: int,
-                tick: Callable[[], None]) -> dict[int, float]:
-    """ms per `propose` after a 256-token prefix, three newly accepted tokens each time (a typical cycle)."""
-    generator = torch.Generator().manual_seed(1)
-    device = target.device
-    ids = torch.randint(target.vocab_size, (260,), generator=generator).to(device)
-    features = target.features(ids, target.new_cache())
-    base = TreeSettings.default(method, device.type)
-    out = {}
-    for k in top_ks:
-        tree = widest_tree(method, base, k)
+class _DraftTimer:
+    """One drafter's `propose` + tree build after a 256-token prefix, three newly accepted tokens each call."""
+
+    def __init__(self, target: Target, drafter: Drafter, method: str):
+        generator = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(target.vocab_size, (260,), generator=generator).to(target.device)
+        self.features = target.features(self.ids, target.new_cache())
+        self.drafter, self.method, self.device = drafter, method, target.device
+        self.base = TreeSettings.default(method, target.device.type)
+
+    def __call__(self, top_k: int) -> float:
+        tree, drafter = widest_tree(self.method, self.base, top_k), self.drafter
         drafter.reset()
-        drafter.propose(features[:256], ids[1:257], tree)
-        times = []
-        for r in range(repeats + 1):
-            drafter.cache.truncate(256)
-            _sync(device)
-            start = time.perf_counter()
-            drafter.propose(features[256:259], ids[257:260], tree)
-            _sync(device)
-            if r:
-                times.append((time.perf_counter() - start) * 1e3)
-            tick()
-        out[k] = low(times)
-    return out
+        drafter.propose(self.features[:256], self.ids[1:257], tree)
+        drafter.cache.truncate(256)
+        _sync(self.device)
+        start = time.perf_counter()
+        pool = drafter.propose(self.features[256:259], self.ids[257:260], tree)
+        build_tree(int(self.ids[259]), pool, tree.total_tokens, self.device)
+        _sync(self.device)
+        return (time.perf_counter() - start) * 1e3
 
 
 def widest_tree(method: str, base: TreeSettings, top_k: int) -> TreeSettings:
@@ -306,29 +305,38 @@ def _sync(device: torch.device) -> None:
 def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] | None = None,
             repeats: int = REPEATS, top_ks: tuple[int, ...] = TOP_KS, progress: bool = True,
             on_progress: Callable[[float], None] | None = None) -> MachineProfile:
-    """Time every candidate path. `target` is the fp32 (CPU) or half-precision (GPU) target as loaded."""
-    paths = paths or candidate_paths(target.device)
-    steps = len(paths) * ((repeats + 1) * len(SIZES) * len(KV_LENGTHS) + len(drafters) * len(top_ks) * (repeats + 1))
-    bar = tqdm(total=steps, desc="machine profile", disable=not progress, leave=False)
-    done = 0
+    """Time every candidate path. `target` is the target as loaded (fp32 on CPU, half precision on a GPU).
 
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        bar.update()
-        if on_progress:
-            on_progress(done / steps)
-
+    Paths, sizes and top_ks are interleaved within each repeat, so drift on a shared machine hits them alike;
+    repeat 0 warms up and is not kept."""
+    paths = paths or candidate_paths(target.device, target.forward)
+    runners = [target_for(target, path) for path in paths]
+    verify = [[_VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
+    draft = [{m: _DraftTimer(r, drafter_for(d, r, p.pack), m) for m, d in sorted(drafters.items())}
+             for r, p in zip(runners, paths)]
+    verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
+    draft_ms = [{m: {k: [] for k in top_ks} for m in drafters} for _ in paths]
+    jobs = [(i, j, n) for i in range(len(paths)) for j in range(len(KV_LENGTHS)) for n in SIZES]
+    jobs += [(i, m, k) for i in range(len(paths)) for m in sorted(drafters) for k in top_ks]
     start = time.perf_counter()
-    costs = []
-    for path in paths:
-        runner = target_for(target, path)
-        verify = {kv: _time_verify(runner, kv, SIZES, repeats, tick) for kv in KV_LENGTHS}
-        draft = {m: _time_draft(runner, drafter_for(d, runner, path.pack), m, top_ks, repeats, tick)
-                 for m, d in sorted(drafters.items())}
-        costs.append(PathCost(path, verify, draft))
-        del runner
-    bar.close()
+    with tqdm(total=(repeats + 1) * len(jobs), desc="machine profile", disable=not progress, leave=False) as bar:
+        for r in range(repeats + 1):
+            for i, key, size in jobs:
+                if isinstance(key, int):
+                    ms = verify[i][key](size)
+                    if r:
+                        verify_ms[i][key][size].append(ms)
+                else:
+                    ms = draft[i][key](size)
+                    if r:
+                        draft_ms[i][key][size].append(ms)
+                bar.update()
+                if on_progress:
+                    on_progress(bar.n / bar.total)
+    costs = [PathCost(path,
+                      {kv: [low(verify_ms[i][j][n]) for n in SIZES] for j, kv in enumerate(KV_LENGTHS)},
+                      {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()})
+             for i, path in enumerate(paths)]
     return MachineProfile(signature=signature(target.device), model=target.name,
                           drafters={m: drafter_key(d) for m, d in drafters.items()}, costs=costs,
                           seconds=round(time.perf_counter() - start, 1))

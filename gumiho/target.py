@@ -34,13 +34,42 @@ def cache_root() -> Path:
 
 
 def pick_device(device: str | None = None) -> torch.device:
+    """The named device, else CUDA, else Apple's MPS, else the CPU."""
     if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise GumihoError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+        if dev.type not in ("cpu", "cuda", "mps"):
+            raise GumihoError(f"unsupported device {device!r}; use cpu, cuda, cuda:N or mps")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise GumihoError("--device cuda: no CUDA GPU is available here")
+        if dev.type == "mps" and not torch.backends.mps.is_available():
+            raise GumihoError("--device mps: Apple's MPS is not available here")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():  # untested here (no Apple machine); kept to this one line
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16", "half": "float16"}
+
+
+def parse_dtype(text: str | None) -> str | None:
+    """A dtype name (float32, bfloat16, float16 or a short form) -> its canonical name; 'auto' or None -> None."""
+    if text in (None, "", "auto"):
+        return None
+    if text not in DTYPE_NAMES:
+        raise GumihoError(f"unknown dtype {text!r}; choose auto, float32, bfloat16 or float16")
+    return DTYPE_NAMES[text]
 
 
 def pick_dtype(device: torch.device) -> torch.dtype:
-    """fp32 on CPU (no fast half precision there); bf16 on GPUs that support it, else fp16."""
+    """The dtype a model is loaded in before the machine profile picks: fp32 on CPU and MPS; bf16 on GPUs that
+    support it, else fp16."""
     if device.type != "cuda":
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -198,6 +227,8 @@ def load_target(
     device: str | None = None,
     threads: int | None = None,
     dtype: torch.dtype | None = None,
+    forward: str = "lean",
+    pack: bool = True,
 ) -> Target:
     """Load the default model, a local folder or a Hub id of a Llama-family causal LM."""
     if threads:
@@ -219,4 +250,5 @@ def load_target(
         raise GumihoError(f"cannot load model {model!r}: {str(exc).splitlines()[0]}") from exc
     lm.to(dev).eval()
     lm.requires_grad_(False)
-    return Target(model=lm, tokenizer=tokenizer, name=name, device=dev, dtype=dt, eos_ids=_eos_ids(lm, tokenizer))
+    return Target(model=lm, tokenizer=tokenizer, name=name, device=dev, dtype=dt, eos_ids=_eos_ids(lm, tokenizer),
+                  forward=forward, pack=pack)

@@ -1,14 +1,16 @@
 """What the engine records: one `CycleTrace` per target forward and a `GenerationTrace` per prompt.
 
-Schema (version 1), JSON-serialisable through `to_dict` / `from_dict`:
+Schema (version 2), JSON-serialisable through `to_dict` / `from_dict` (version 1 files still load: their
+settings lack dtype, forward and choice, which read as float32, transformers and "")
 
 GenerationTrace
-  schema            int, 1
+  schema            int, 2
   method            "ar" | "eagle2" | "gumiho"
   model, drafter    names / paths ("" for AR)
   prompt            the user text; prompt_tokens: its length in tokens after the chat template
-  settings          {"sampling": {temperature, top_p, top_k}, "tree": TreeSettings or null, "max_new_tokens",
-                     "chat", "seed", "device", "threads"}
+  settings          RunSettings: sampling {temperature, top_p, top_k}, tree (TreeSettings or null), fta_applied,
+                    max_new_tokens, chat, seed, device, threads, dtype, forward ("lean" | "transformers"),
+                    choice (the automatic choice and its reason; "" when every setting was given explicitly)
   text, token_ids   the generated text and ids (prompt excluded; an end token, when produced, is the last id)
   new_tokens        len(token_ids)
   first_token       the token the prefill forward produced (the root of cycle 0); prefill_ms its time
@@ -41,7 +43,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 
 
 class TraceError(ValueError):
@@ -93,12 +96,29 @@ class CycleTrace:
 
 
 @dataclass
+class RunSettings:
+    """How a generation was run: everything a reader needs to reproduce it, and what was chosen automatically."""
+
+    sampling: dict[str, float]
+    tree: dict[str, Any] | None
+    fta_applied: bool
+    max_new_tokens: int
+    chat: bool
+    seed: int
+    device: str
+    threads: int
+    dtype: str = "float32"
+    forward: str = "transformers"
+    choice: str = ""
+
+
+@dataclass
 class GenerationTrace:
     method: str
     model: str
     prompt: str
     prompt_tokens: int
-    settings: dict[str, Any]
+    settings: RunSettings
     drafter: str = ""
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -135,11 +155,14 @@ class GenerationTrace:
         """Parse and validate; raises TraceError with a readable reason."""
         if not isinstance(data, dict):
             raise TraceError("a trace must be a JSON object")
-        if data.get("schema") != SCHEMA_VERSION:
+        if data.get("schema") not in READABLE_SCHEMAS:
             raise TraceError(f"unsupported trace schema {data.get('schema')!r} (expected {SCHEMA_VERSION})")
         try:
             steps = [_cycle_from_dict(s) for s in data.get("steps", [])]
-            trace = _build(cls, data, steps=steps)
+            if not isinstance(data.get("settings"), dict):
+                raise TypeError("settings must be an object")
+            settings = _build(RunSettings, data["settings"])
+            trace = _build(cls, data, steps=steps, settings=settings, schema=SCHEMA_VERSION)
         except (TypeError, KeyError, ValueError, AttributeError) as exc:
             raise TraceError(f"malformed trace: {exc}") from exc
         _check(trace)

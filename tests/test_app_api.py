@@ -36,7 +36,7 @@ def test_generate_returns_a_trace(client):
     trace = load(result[DOWNLOAD])
     assert trace.method == "gumiho" and trace.prompt == GENERATE[0]
     assert 1 <= trace.new_tokens <= 12 and trace.cycles == len(trace.steps) >= 1
-    assert trace.settings["tree"]["total_tokens"] == 24
+    assert trace.settings.tree["total_tokens"] == 24
     cycle = trace.steps[-1]
     assert cycle.tree_size > 1 and cycle.nodes[0].source == "root"
     figure = json.loads(result[6]["plot"])
@@ -48,7 +48,7 @@ def test_race_returns_three_runs_in_order(client):
     assert result[MESSAGE] == "Done.", result[MESSAGE]
     traces = [load(path) for path in result[-1]]
     assert [t.method for t in traces] == ["eagle2", "gumiho", "ar"]
-    assert traces[0].settings["tree"]["total_tokens"] == traces[1].settings["tree"]["total_tokens"] == 16
+    assert traces[0].settings.tree["total_tokens"] == traces[1].settings.tree["total_tokens"] == 16
     assert traces[2].tau == 1.0
     # Greedy without FTA: every method writes exactly the target's own tokens.
     assert traces[0].token_ids == traces[1].token_ids == traces[2].token_ids

@@ -104,7 +104,7 @@ def test_fta_flags_filled_positions_and_reports_equality_rate(record_property):
         ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids)
         shape = TreeSettings(top_k=3, depth=6, total_tokens=16, mlptopk=3, pruning=3, fta=True)
         trace = engine.generate("", "gumiho", GenerationConfig(max_new_tokens=30, tree=shape), prompt_ids=ids)
-        assert trace.settings["fta_applied"]
+        assert trace.settings.fta_applied
         for step in trace.steps:
             depth = max(n.depth for n in step.nodes)
             for path in step.paths:

@@ -59,7 +59,7 @@ def prefix_agreement(ids: list[int], reference: list[int]) -> float:
 
 def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: GenerationTrace | None) -> dict:
     """The per-prompt measurements of one generation; `reference` is AR's trace at T = 0 (else None)."""
-    tree = trace.settings["tree"] or {}
+    tree = trace.settings.tree or {}
     row = {
         "new_tokens": trace.new_tokens,
         "cycles": trace.cycles,
@@ -72,7 +72,7 @@ def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: Gene
         "other_ms": sum(c.other_ms for c in cycles),
         "top_k": tree.get("top_k", 0),
         "total_tokens": tree.get("total_tokens", 1),
-        "fta": trace.settings["fta_applied"],
+        "fta": trace.settings.fta_applied,
         "fta_cycles": sum(c.fta_used for c in cycles),
         "finish_reason": trace.finish_reason,
         "same_as_ar": None,

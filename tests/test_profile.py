@@ -1,0 +1,182 @@
+"""The machine profile (measured, cached by machine signature, never trusted when foreign or corrupt) and the
+automatic choice made from it and a drafter's acceptance statistics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gumiho import profile as prof
+from gumiho.acceptance import Acceptance
+from gumiho.choice import best_tree, choose
+from gumiho.engine import GenerationConfig
+from gumiho.errors import GumihoError
+from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost
+from gumiho.target import parse_dtype, pick_device
+from gumiho.trace import GenerationTrace
+from gumiho.tree import TreeSettings
+
+from .conftest import random_drafter, tiny_engine, tiny_target
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def tiny_setup():
+    target = tiny_target(seed=1, vocab=32)
+    drafters = {m: random_drafter(m, target, seed=1) for m in ("eagle2", "gumiho")}
+    return target, drafters
+
+
+def test_measure_times_every_candidate_path_size_and_top_k():
+    target, drafters = tiny_setup()
+    profile = prof.measure(target, drafters, repeats=1, top_ks=(2, 3), progress=False)
+    assert [c.path for c in profile.costs] == prof.candidate_paths(target.device)
+    for cost in profile.costs:
+        assert sorted(cost.verify_ms) == sorted(prof.KV_LENGTHS)
+        assert all(len(v) == len(SIZES) and min(v) > 0 for v in cost.verify_ms.values())
+        assert sorted(cost.draft_ms) == ["eagle2", "gumiho"]
+        assert all(sorted(per) == [2, 3] and min(per.values()) > 0 for per in cost.draft_ms.values())
+    assert profile.signature == prof.signature(target.device)
+    assert MachineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+
+
+def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_dir, monkeypatch):
+    target, drafters = tiny_setup()
+    calls = []
+
+    def counting(*args, **kwargs):  # what measure returns, without the time it takes (tested above)
+        calls.append(1)
+        return MachineProfile(**{**flat_profile().__dict__, "signature": prof.signature(target.device)})
+
+    monkeypatch.setattr(prof, "measure", counting)
+    first = prof.load_or_measure(target, drafters, progress=False)
+    assert prof.load_or_measure(target, drafters, progress=False) == first and len(calls) == 1
+    path = prof.profile_path(target)
+    store = json.loads(path.read_text())
+    key = next(iter(store))
+    store[key]["signature"]["name"] = "Some Other CPU"  # a new processor: measure again
+    path.write_text(json.dumps(store))
+    prof.load_or_measure(target, drafters, progress=False)
+    assert len(calls) == 2
+    for corrupt in ("{not json", "[1, 2]", json.dumps({key: {"version": 1, "costs": "x"}}),
+                    json.dumps({key: {**store[key], "version": 99}})):
+        path.write_text(corrupt)
+        prof.load_or_measure(target, drafters, progress=False)
+    assert len(calls) == 6
+    assert prof.load_or_measure(target, drafters, progress=False).signature == prof.signature(target.device)
+    assert len(calls) == 6
+
+
+def flat_profile(fast: str = "bfloat16") -> MachineProfile:
+    """Two paths; `fast` verifies everything in half the time of the other. Verification grows with n."""
+    costs = []
+    for dtype in ("float32", "bfloat16"):
+        scale = 0.5 if dtype == fast else 1.0
+        curve = [scale * (20 + 0.5 * n) for n in SIZES]
+        costs.append(PathCost(ExecPath(dtype), {kv: curve for kv in prof.KV_LENGTHS},
+                              {m: {k: scale * (4 + k) for k in (3, 4, 6, 8)} for m in ("eagle2", "gumiho")}))
+    return MachineProfile(signature={}, model="m", drafters={}, costs=costs, seconds=1.0)
+
+
+def deep_acceptance() -> Acceptance:
+    """Wider trees accept deeper: with top_k 6 each cycle accepts ranks 0, 3, 10, 30 (running maxima)."""
+    return Acceptance({3: [[0, 2]] * 10, 4: [[0, 3, 7]] * 10, 6: [[0, 3, 10, 30]] * 10, 8: [[0, 40]] * 10})
+
+
+def test_acceptance_gives_the_tau_each_tree_size_would_have_had(tmp_path):
+    acc = deep_acceptance()
+    assert acc.tau(6, 2) == 2.0 and acc.tau(6, 12) == 4.0 and acc.tau(6, 32) == 5.0
+    acc.save(tmp_path)
+    assert Acceptance.load(tmp_path) == acc
+    (tmp_path / "acceptance.json").write_text("{broken")
+    assert Acceptance.load(tmp_path) is None
+
+
+def test_best_tree_maximises_expected_tokens_per_s():
+    cost = flat_profile().costs[0]
+    base = TreeSettings.default("gumiho", "cpu")
+    chosen = best_tree(cost, "gumiho", base, deep_acceptance())
+    rates = {}
+    for k in (3, 4, 6, 8):
+        for n in SIZES[1:]:
+            widest = prof.widest_tree("gumiho", base, k)
+            if n <= widest.total_tokens:
+                rates[(k, n)] = 1e3 * deep_acceptance().tau(k, n) / (cost.draft_ms["gumiho"][k] + cost.verify_at(n, 512))
+    k, n = max(rates, key=rates.get)
+    assert (chosen.tree.top_k, chosen.tree.total_tokens) == (k, n)
+    assert chosen.tokens_per_s == pytest.approx(rates[(k, n)])
+    assert chosen.speedup == pytest.approx(rates[(k, n)] * cost.verify_at(1, 512) / 1e3)
+    fixed = best_tree(cost, "gumiho", base, deep_acceptance(), top_k=4)
+    assert fixed.tree.top_k == 4
+    unknown = best_tree(cost, "gumiho", base, None)
+    assert unknown.tree == base and "no acceptance statistics" in unknown.note
+
+
+@pytest.mark.parametrize("fast", ["float32", "bfloat16"])
+def test_choose_takes_the_faster_path_unless_a_dtype_is_given(fast):
+    acc = {"eagle2": deep_acceptance(), "gumiho": deep_acceptance()}
+    choice = choose(flat_profile(fast), ["ar", "eagle2", "gumiho"], "gumiho", acc, "cpu")
+    assert choice.path.dtype == fast
+    assert set(choice.methods) == {"ar", "eagle2", "gumiho"} and choice.methods["ar"].tree is None
+    slow = "float32" if fast == "bfloat16" else "bfloat16"
+    assert choose(flat_profile(fast), ["ar", "gumiho"], "gumiho", acc, "cpu", dtype=slow).path.dtype == slow
+    assert "expected" in choice.summary("gumiho") and "Gumiho tree" in choice.summary("gumiho")
+    with pytest.raises(GumihoError, match="no float16 path"):
+        choose(flat_profile(fast), ["ar"], "ar", acc, "cpu", dtype="float16")
+    default = choose(flat_profile(fast), ["ar", "gumiho"], "gumiho", acc, "cpu", auto_trees=False)
+    assert default.methods["gumiho"].tree == TreeSettings.default("gumiho", "cpu")
+
+
+def test_the_engine_uses_the_chosen_trees_and_records_the_choice():
+    engine = tiny_engine(seed=2, vocab=16)
+    acc = {"eagle2": deep_acceptance(), "gumiho": deep_acceptance()}
+    engine.choice = choose(flat_profile("float32"), ["ar", "eagle2", "gumiho"], "gumiho", acc, "cpu")
+    trace = engine.generate("", "gumiho", GenerationConfig(max_new_tokens=6), prompt_ids=[1, 2, 3])
+    assert trace.settings.tree == engine.choice.methods["gumiho"].tree.to_dict()
+    assert trace.settings.choice.startswith("fp32, lean forward, Gumiho tree")
+    assert trace.settings.dtype == "float32" and trace.settings.forward == "lean"
+    again = GenerationTrace.from_json(trace.to_json())
+    assert again.settings == trace.settings
+
+
+def test_version_1_traces_still_load():
+    engine = tiny_engine(seed=2, vocab=16)
+    data = engine.generate("", "ar", GenerationConfig(max_new_tokens=3), prompt_ids=[1, 2]).to_dict()
+    data["schema"] = 1
+    for key in ("dtype", "forward", "choice"):
+        del data["settings"][key]
+    old = GenerationTrace.from_dict(data)
+    assert old.settings.dtype == "float32" and old.settings.forward == "transformers" and old.settings.choice == ""
+
+
+@pytest.mark.parametrize("text, expected", [("auto", None), ("bf16", "bfloat16"), ("float32", "float32"),
+                                            ("half", "float16")])
+def test_dtype_names(text, expected):
+    assert parse_dtype(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["int8", "fp64", "BF16 "])
+def test_unknown_dtypes_are_refused(bad):
+    with pytest.raises(GumihoError, match="unknown dtype"):
+        parse_dtype(bad)
+
+
+@pytest.mark.parametrize("bad", ["gpu", "tpu:0", "cuda:x"])
+def test_unknown_devices_are_refused(bad):
+    with pytest.raises(GumihoError):
+        pick_device(bad)
+
+
+def test_bf16_units_are_read_from_the_processor(monkeypatch):
+    monkeypatch.setattr(prof, "cpu_features", lambda: ["avx2", "fma"])
+    assert prof.bf16_units(torch.device("cpu")) == ""
+    assert ExecPath("bfloat16") not in prof.candidate_paths(torch.device("cpu"))
+    monkeypatch.setattr(prof, "cpu_features", lambda: ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"])
+    assert prof.bf16_units(torch.device("cpu")) == "AMX"
+    assert ExecPath("bfloat16") in prof.candidate_paths(torch.device("cpu"))
