@@ -1,4 +1,4 @@
-"""The evaluation prompts: the six Spec-Bench sets (`../shared/benchmarks/*.jsonl`) or any JSONL file of the same form.
+"""The evaluation prompts: the six Spec-Bench sets (`data/benchmarks/*.jsonl`) or any JSONL file of the same form.
 
 Each line is {"question_id": ..., "turns": ["first user turn", "second user turn", ...]} (a "prompt" key is read as
 a single turn). By default only first turns are benchmarked; with both turns, the second turn is asked after the
@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import GumihoError
 
 DATASETS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
-DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
 
 
 @dataclass
