@@ -8,6 +8,7 @@ position ids (depths) and the root-to-leaf paths. `DraftTree.with_fta` applies F
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
 
 import torch
 
@@ -179,6 +180,19 @@ class TreeSettings:
             "eagle2": cls(top_k=4, depth=5, total_tokens=12),
             "gumiho": cls(top_k=4, depth=6, total_tokens=12, mlptopk=6, pruning=6, fta=False),
         }.get(method, cls(top_k=1, depth=1, total_tokens=1))
+
+    @classmethod
+    def resolve(cls, method: str, device_type: str = "cpu",
+                overrides: Mapping[str, Any] | None = None) -> TreeSettings | None:
+        """The method's default tree on this device with the `overrides` (field -> value; None keeps the default)
+        applied and validated; None for AR, which drafts no tree. Raises GumihoError for a tree the method cannot
+        draft."""
+        if method == "ar":
+            return None
+        chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
+        tree = replace(cls.default(method, device_type), **chosen)
+        tree.validate(method)
+        return tree
 
     def pool_size(self, method: str) -> int:
         """Candidates the drafter adds to the pool: the most a tree of this shape can verify besides the root."""

@@ -69,7 +69,7 @@ def check(engine: Engine, max_new_tokens: int, rounds: int, prompts: tuple[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..__main__ import _quiet_libraries
+    from ..cli import quiet_libraries
     from ..loader import build_engine
 
     parser = argparse.ArgumentParser(prog="python -m gumiho.bench.engine_check", description=__doc__,
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     print(json.dumps(check(build_engine(threads=args.threads), args.max_new_tokens, args.rounds), indent=2))
     return 0
 
