@@ -10,6 +10,8 @@ import pytest
 
 from gumiho.__main__ import main
 from gumiho.drafters import new_drafter
+from gumiho.errors import GumihoError
+from gumiho.prompts import PromptRecord, read_prompt_file, read_prompts
 
 from .conftest import tiny_target
 
@@ -69,6 +71,17 @@ def test_malformed_prompts_file(capsys, tmp_path):
     bad.write_text('{"turns": ["ok"]}\nnot json\n')
     code, _, err = run_cli(capsys, "--prompts", str(bad))
     assert code == 2 and "bad.jsonl:2" in err
+
+
+def test_prompt_files_hold_turns_or_a_prompt(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"question_id": 7, "turns": ["first", "second"]}\n\n{"prompt": "only"}\n')
+    assert read_prompts(path) == ["first", "only"]
+    assert read_prompt_file(path) == [PromptRecord("7", ["first", "second"]), PromptRecord("3", ["only"])]
+    assert read_prompt_file(path, limit=1) == [PromptRecord("7", ["first", "second"])]
+    path.write_text('{"prompt": " "}\n')
+    with pytest.raises(GumihoError, match="prompts.jsonl:1: 'turns' must be a non-empty list"):
+        read_prompts(path)
 
 
 @pytest.mark.slow
