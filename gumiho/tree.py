@@ -174,8 +174,8 @@ class TreeSettings:
                 "eagle2": cls(top_k=10, depth=5, total_tokens=60),
                 "gumiho": cls(top_k=14, depth=6, total_tokens=64, mlptopk=35, pruning=35, fta=True),
             }.get(method, cls(top_k=1, depth=1, total_tokens=1))
-        # 2-core CPU (packed fp32 matmuls): verifying 12 tokens costs ~1.45 decode steps, 24 tokens ~2.0, and the
-        # shipped drafters' tau barely grows past 12 (`--total-tokens auto` picks top_k 4, 12 tokens for both).
+        # CPU: every verified token costs time, so the tree is small; `--total-tokens auto` measures the best size
+        # (and top-k) on the machine at hand.
         return {
             "eagle2": cls(top_k=4, depth=5, total_tokens=12),
             "gumiho": cls(top_k=4, depth=6, total_tokens=12, mlptopk=6, pruning=6, fta=False),

@@ -1,6 +1,6 @@
 """`python -m gumiho bench` (or `python -m gumiho.bench`): τ and speed-up of EAGLE-2 and Gumiho over AR decoding.
 
-Quick mode (a few prompts per task, 128 new tokens, T = 0; under 20 minutes on the 2-core CPU):
+Quick mode (4 prompts per task, 128 new tokens, T = 0):
     python -m gumiho bench --quick
 Full run (80 prompts per task, 256 new tokens, T = 0; add `--temperatures 0 1` for sampling too). It takes hours
 on a CPU: every finished prompt is journaled, and the same command with --resume continues a stopped run:
@@ -22,7 +22,7 @@ from .datasets import DATASETS, DEFAULT_DIR
 from .harness import VARIANTS, BenchSettings, make_variants
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
-QUICK = {"limit": 4, "max_new_tokens": 128}  # ~16 min on the 2-core CPU; 5 prompts took 19-23 min
+QUICK = {"limit": 4, "max_new_tokens": 128}
 
 
 def build_parser() -> argparse.ArgumentParser:
