@@ -1,5 +1,6 @@
 """Prompt files: JSONL, one conversation's user turns a line, as {"turns": [...]} (the benchmark form) or
-{"prompt": "..."} (a single turn). Read by `generate --prompts`, the bench's datasets and the training evaluation."""
+{"prompt": "..."} (a single turn). Read by `generate --prompts`, the bench's datasets, `train eval`, and `train
+prepare` for training data that holds prompts only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ class PromptRecord:
     turns: list[str]
 
 
+def user_turns(record: object) -> list[str] | None:
+    """The user turns of one line's record: its 'turns' or its 'prompt'; None unless they are non-empty strings."""
+    if not isinstance(record, dict) or ("turns" not in record and "prompt" not in record):
+        return None
+    turns = record["turns"] if "turns" in record else [record["prompt"]]
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        return None
+    return turns
+
+
 def read_prompt_file(path: Path, what: str = "prompts file", limit: int | None = None) -> list[PromptRecord]:
     """The first `limit` records (default: all) of a prompt file; `what` names the file in error messages."""
     try:
@@ -28,12 +39,12 @@ def read_prompt_file(path: Path, what: str = "prompts file", limit: int | None =
             continue
         try:
             record = json.loads(line)
-            turns = record["turns"] if "turns" in record else [record["prompt"]]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise GumihoError(f"{path}:{number}: expected a JSON object with 'turns' (a list) or 'prompt'") from None
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise GumihoError(f"{path}:{number}: 'turns' must be a non-empty list of non-empty strings "
-                              "('prompt' a non-empty string)")
+        except json.JSONDecodeError:
+            record = None
+        turns = user_turns(record)
+        if turns is None:
+            raise GumihoError(f"{path}:{number}: expected a JSON object with 'turns' (a non-empty list of non-empty "
+                              "strings) or 'prompt' (a non-empty string)")
         records.append(PromptRecord(str(record.get("question_id", number)), turns))
         if len(records) == limit:
             break

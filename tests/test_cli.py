@@ -80,7 +80,7 @@ def test_prompt_files_hold_turns_or_a_prompt(tmp_path):
     assert read_prompt_file(path) == [PromptRecord("7", ["first", "second"]), PromptRecord("3", ["only"])]
     assert read_prompt_file(path, limit=1) == [PromptRecord("7", ["first", "second"])]
     path.write_text('{"prompt": " "}\n')
-    with pytest.raises(GumihoError, match="prompts.jsonl:1: 'turns' must be a non-empty list"):
+    with pytest.raises(GumihoError, match=r"prompts.jsonl:1: expected a JSON object with 'turns' \(a non-empty"):
         read_prompts(path)
 
 
