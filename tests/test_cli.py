@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +98,14 @@ def test_drafter_that_does_not_fit_the_target(capsys, tmp_path):
 def test_prompt_longer_than_the_context(capsys):
     code, _, err = run_cli(capsys, "--method", "ar", "--no-chat", "--prompt", "hello " * 9000)
     assert code == 2 and "the model's context is 8192" in err
+
+
+def test_no_module_imports_the_entry_point():
+    """Shared command-line helpers live in gumiho/cli.py, so `python -m gumiho` stays a leaf."""
+    package = Path(__file__).resolve().parents[1] / "gumiho"
+    importers = [path.relative_to(package).as_posix() for path in package.rglob("*.py")
+                 if re.search(r"^\s*from (gumiho|\.+)\.?__main__ import", path.read_text(), re.MULTILINE)]
+    assert importers == []
 
 
 def test_exit_status_and_stderr_from_a_real_process():
