@@ -203,6 +203,15 @@ def new_state(config: TrainConfig, drafter: Drafter, batches_per_epoch: int) -> 
     return TrainState(drafter, optimizer, scheduler, length)
 
 
+def fix_length(config: TrainConfig, state: TrainState, batches_per_epoch: int) -> None:
+    """A run with a time budget, its first steps timed: as many steps as fit `config.minutes`."""
+    state.length.steps = fit_to_budget(config, state.step, state.elapsed, batches_per_epoch,
+                                       state.length.probe_from or 0.0)
+    state.length.fixed = True
+    log.info("run length fixed at %d steps (%.2f epochs) to fit %.1f min", state.length.steps,
+             state.length.steps / batches_per_epoch, config.minutes)
+
+
 def save_checkpoint(path: Path, config: TrainConfig, state: TrainState) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"config": asdict(config), "model": state.drafter.state_dict(),
@@ -284,11 +293,7 @@ def train(config: TrainConfig, target: Target) -> Path:
             if state.step == PROBE_SKIP:
                 state.length.probe_from = state.elapsed  # the first steps are slow (allocator, kernels warming up)
             if not state.length.fixed and state.step >= max(config.probe_steps, PROBE_SKIP + 1):
-                state.length.steps = fit_to_budget(config, state.step, state.elapsed, len(groups),
-                                                   state.length.probe_from or 0.0)
-                state.length.fixed = True
-                log.info("run length fixed at %d steps (%.2f epochs) to fit %.1f min", state.length.steps,
-                         state.length.steps / len(groups), config.minutes)
+                fix_length(config, state, len(groups))
                 write_length(out, state.length, len(groups))
             if state.step % config.log_every == 0 or state.step == state.length.steps:
                 log_progress(config, state)
