@@ -8,6 +8,7 @@ position ids (depths) and the root-to-leaf paths. `DraftTree.with_fta` applies F
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
 
 import torch
 
@@ -173,12 +174,25 @@ class TreeSettings:
                 "eagle2": cls(top_k=10, depth=5, total_tokens=60),
                 "gumiho": cls(top_k=14, depth=6, total_tokens=64, mlptopk=35, pruning=35, fta=True),
             }.get(method, cls(top_k=1, depth=1, total_tokens=1))
-        # 2-core CPU (packed fp32 matmuls): verifying 12 tokens costs ~1.45 decode steps, 24 tokens ~2.0, and the
-        # shipped drafters' tau barely grows past 12 (`--total-tokens auto` picks top_k 4, 12 tokens for both).
+        # CPU: every verified token costs time, so the tree is small; `--total-tokens auto` measures the best size
+        # (and top-k) on the machine at hand.
         return {
             "eagle2": cls(top_k=4, depth=5, total_tokens=12),
             "gumiho": cls(top_k=4, depth=6, total_tokens=12, mlptopk=6, pruning=6, fta=False),
         }.get(method, cls(top_k=1, depth=1, total_tokens=1))
+
+    @classmethod
+    def resolve(cls, method: str, device_type: str = "cpu",
+                overrides: Mapping[str, Any] | None = None) -> TreeSettings | None:
+        """The method's default tree on this device with the `overrides` (field -> value; None keeps the default)
+        applied and validated; None for AR, which drafts no tree. Raises GumihoError for a tree the method cannot
+        draft."""
+        if method == "ar":
+            return None
+        chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
+        tree = replace(cls.default(method, device_type), **chosen)
+        tree.validate(method)
+        return tree
 
     def pool_size(self, method: str) -> int:
         """Candidates the drafter adds to the pool: the most a tree of this shape can verify besides the root."""

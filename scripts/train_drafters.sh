@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The recipe of the shipped SmolLM2-135M drafters, end to end: data and target features, both drafters trained on
-# the same data for the same number of steps, held-out evaluation, fp16 drafter folders. Made for one GPU (about
-# 25 minutes on an H100); every step runs unchanged on the CPU, only far slower. Rerun to resume: finished feature
+# the same data for the same number of steps, held-out evaluation, fp16 drafter folders. Made for one GPU (MINUTES
+# is the training budget); every step runs unchanged on the CPU, only far slower. Rerun to resume: finished feature
 # shards and training checkpoints are kept. Settings come from the environment:
 #
 #   bash scripts/train_drafters.sh                          # the shipped run

@@ -14,6 +14,7 @@ import pytest
 from app.bench import read_runs
 from gumiho.bench.__main__ import bench_settings, build_parser, execute
 from gumiho.bench.__main__ import main as bench_main
+from gumiho.bench.datasets import DATASETS, DEFAULT_DIR, load_questions
 from gumiho.bench.harness import VARIANTS, BenchSettings, make_variants, run_bench
 from gumiho.bench.metrics import acceptance_counts, add_speedups, prefix_agreement, prompt_row, summarize
 from gumiho.bench.tree_size import (
@@ -172,6 +173,14 @@ def test_generate_cli_total_tokens_auto(monkeypatch, tmp_path, capsys):
                      "--tree-top-k", "3", "--max-new-tokens", "4"]) == 0
         assert "[auto tree] top_k 3, total_tokens " in capsys.readouterr().err  # and the predicted speed-up
     assert len(json.loads((tmp_path / "auto_tree.json").read_text())) == 1
+
+
+def test_the_six_benchmark_sets_ship_with_the_repository():
+    assert DEFAULT_DIR == ROOT / "data" / "benchmarks"
+    for name in DATASETS:
+        questions = load_questions(name)
+        assert len(questions) == 80 and len({q.question_id for q in questions}) == 80, name
+    assert all(len(q.turns) == 2 for q in load_questions("mt_bench"))
 
 
 # --- end to end ------------------------------------------------------------------------------------------------------

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from gumiho.__main__ import main
 from gumiho.drafters import new_drafter
+from gumiho.errors import GumihoError
+from gumiho.prompts import PromptRecord, read_prompt_file, read_prompts
 
 from .conftest import tiny_target
 
@@ -71,6 +75,17 @@ def test_malformed_prompts_file(capsys, tmp_path):
     assert code == 2 and "bad.jsonl:2" in err
 
 
+def test_prompt_files_hold_turns_or_a_prompt(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"question_id": 7, "turns": ["first", "second"]}\n\n{"prompt": "only"}\n')
+    assert read_prompts(path) == ["first", "only"]
+    assert read_prompt_file(path) == [PromptRecord("7", ["first", "second"]), PromptRecord("3", ["only"])]
+    assert read_prompt_file(path, limit=1) == [PromptRecord("7", ["first", "second"])]
+    path.write_text('{"prompt": " "}\n')
+    with pytest.raises(GumihoError, match=r"prompts.jsonl:1: expected a JSON object with 'turns' \(a non-empty"):
+        read_prompts(path)
+
+
 @pytest.mark.slow
 def test_drafter_that_does_not_fit_the_target(capsys, tmp_path):
     folder = tmp_path / "tiny-drafter"
@@ -83,6 +98,14 @@ def test_drafter_that_does_not_fit_the_target(capsys, tmp_path):
 def test_prompt_longer_than_the_context(capsys):
     code, _, err = run_cli(capsys, "--method", "ar", "--no-chat", "--prompt", "hello " * 9000)
     assert code == 2 and "the model's context is 8192" in err
+
+
+def test_no_module_imports_the_entry_point():
+    """Shared command-line helpers live in gumiho/cli.py, so `python -m gumiho` stays a leaf."""
+    package = Path(__file__).resolve().parents[1] / "gumiho"
+    importers = [path.relative_to(package).as_posix() for path in package.rglob("*.py")
+                 if re.search(r"^\s*from (gumiho|\.+)\.?__main__ import", path.read_text(), re.MULTILINE)]
+    assert importers == []
 
 
 def test_exit_status_and_stderr_from_a_real_process():

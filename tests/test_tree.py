@@ -146,3 +146,39 @@ def test_a_tree_deeper_than_the_drafters_heads_is_refused_before_the_run():
     deep = TreeSettings(top_k=2, depth=7, total_tokens=8, mlptopk=2, pruning=2)  # 2 serial + 6 heads; it has 5
     with pytest.raises(GumihoError, match="depth 7 needs 6 MLP heads; this drafter has 5"):
         engine.run("", "gumiho", GenerationConfig(tree=deep), prompt_ids=[1, 2, 3])
+
+
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_resolve_without_overrides_is_the_device_default(method, device):
+    assert TreeSettings.resolve(method, device) == TreeSettings.default(method, device)
+    assert TreeSettings.resolve(method, device, {}) == TreeSettings.default(method, device)
+    assert TreeSettings.resolve(method, device, {"top_k": None, "fta": None}) == TreeSettings.default(method, device)
+
+
+def test_resolve_applies_the_overrides_given_and_keeps_the_rest():
+    cpu, gpu = TreeSettings.default("gumiho", "cpu"), TreeSettings.default("gumiho", "cuda")
+    assert (cpu.top_k, gpu.top_k) == (4, 14)  # the defaults differ per device
+    tree = TreeSettings.resolve("gumiho", "cuda", {"total_tokens": 24, "fta": False, "depth": None})
+    assert tree == TreeSettings(top_k=14, depth=6, total_tokens=24, mlptopk=35, pruning=35, fta=False)
+    assert TreeSettings.resolve("eagle2", "cpu", {"top_k": 3, "mlp_parent_align": False}) == TreeSettings(
+        top_k=3, depth=5, total_tokens=12, mlp_parent_align=False)
+
+
+def test_resolve_gives_no_tree_for_ar():
+    assert TreeSettings.resolve("ar", "cpu") is None
+    assert TreeSettings.resolve("ar", "cuda", {"total_tokens": 0, "fta": True}) is None  # nothing to check either
+
+
+@pytest.mark.parametrize("method,overrides,message", [
+    ("eagle2", {"total_tokens": 0}, ">= 1"),
+    ("eagle2", {"top_k": 2, "depth": 2, "total_tokens": 20}, "exceeds"),
+    ("eagle2", {"fta": True}, "FTA .* is a Gumiho option"),
+    ("gumiho", {"depth": 1}, "depth >= 2"),
+    ("gumiho", {"total_tokens": 64}, "exceeds the 38 candidates"),  # the CPU default: 2 x 4 + 5 x 6
+])
+def test_resolve_refuses_a_tree_the_method_cannot_draft(method, overrides, message):
+    from gumiho.errors import GumihoError
+
+    with pytest.raises(GumihoError, match=message):
+        TreeSettings.resolve(method, "cpu", overrides)

@@ -1,6 +1,6 @@
 """`python -m gumiho bench` (or `python -m gumiho.bench`): τ and speed-up of EAGLE-2 and Gumiho over AR decoding.
 
-Quick mode (a few prompts per task, 128 new tokens, T = 0; under 20 minutes on the 2-core CPU):
+Quick mode (4 prompts per task, 128 new tokens, T = 0):
     python -m gumiho bench --quick
 Full run (80 prompts per task, 256 new tokens, T = 0; add `--temperatures 0 1` for sampling too). It takes hours
 on a CPU: every finished prompt is journaled, and the same command with --resume continues a stopped run:
@@ -13,31 +13,19 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..cli import OneLineParser, positive, quiet_libraries, run_reporting_errors, total_tokens
 from ..errors import GumihoError
 from .datasets import DATASETS, DEFAULT_DIR
 from .harness import VARIANTS, BenchSettings, make_variants
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
-QUICK = {"limit": 4, "max_new_tokens": 128}  # ~16 min on the 2-core CPU; 5 prompts took 19-23 min
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
+QUICK = {"limit": 4, "max_new_tokens": 128}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..__main__ import OneLineParser, total_tokens
-
     p = OneLineParser(prog="python -m gumiho bench", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=list(VARIANTS), help=f"any of {' '.join(VARIANTS)}")
@@ -74,19 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def choose_trees(engine, args, cost) -> tuple[dict, dict]:
-    """The tree per drafter method (matched unless 'auto') and the automatic choices made, if any."""
+    """The tree of each loaded drafter (the device default with --total-tokens / --tree-top-k applied to every
+    method alike, or measured with 'auto') and the automatic choices made, if any."""
     from ..tree import TreeSettings
-    from .tree_size import TOP_KS, auto_tree
+    from .tree_size import auto_tree, top_ks_to_try
 
     device = engine.target.device.type
-    trees = {m: TreeSettings.default(m, device) for m in ("eagle2", "gumiho")}
-    if args.total_tokens == "auto":
-        top_ks = (args.tree_top_k,) if args.tree_top_k else TOP_KS
-        choices = {m: auto_tree(engine, m, trees[m], cost=cost, top_ks=top_ks, progress=args.progress)
-                   for m in trees if m in engine.drafters}
-        return {**trees, **{m: c.settings for m, c in choices.items()}}, {m: c.to_dict() for m, c in choices.items()}
-    overrides = {k: v for k, v in (("total_tokens", args.total_tokens), ("top_k", args.tree_top_k)) if v is not None}
-    return {m: replace(t, **overrides) for m, t in trees.items()}, {}
+    if args.total_tokens != "auto":
+        overrides = {"total_tokens": args.total_tokens, "top_k": args.tree_top_k}
+        return {m: TreeSettings.resolve(m, device, overrides) for m in engine.drafters}, {}
+    choices = {m: auto_tree(engine, m, TreeSettings.resolve(m, device), cost=cost,
+                            top_ks=top_ks_to_try(args.tree_top_k), progress=args.progress) for m in engine.drafters}
+    return {m: c.settings for m, c in choices.items()}, {m: c.to_dict() for m, c in choices.items()}
 
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
@@ -233,11 +220,10 @@ def status(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    from ..__main__ import _quiet_libraries
     from ..loader import build_engine
 
     settings = bench_settings(args)
-    _quiet_libraries()
+    quiet_libraries()
     drafter_methods = sorted({v.split("+")[0] for v in args.methods} - {"ar"})
     folders = {"eagle2": args.eagle2_drafter, "gumiho": args.gumiho_drafter}
     engine = build_engine(args.model, {m: folders[m] for m in drafter_methods}, device=args.device,
@@ -249,11 +235,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    try:
-        return status(args) if args.status else run(args, argv)
-    except GumihoError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(lambda: status(args) if args.status else run(args, argv))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The evaluation prompts: the six Spec-Bench sets (`../shared/benchmarks/*.jsonl`) or any JSONL file of the same form.
+"""The evaluation prompts: the six Spec-Bench sets (`data/benchmarks/*.jsonl`) or any JSONL file of the same form.
 
 Each line is {"question_id": ..., "turns": ["first user turn", "second user turn", ...]} (a "prompt" key is read as
 a single turn). By default only first turns are benchmarked; with both turns, the second turn is asked after the
@@ -7,14 +7,14 @@ first turn and AR's answer to it, so every method sees the same conversation.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GumihoError
+from ..prompts import read_prompt_file
 
 DATASETS = ("mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa")
-DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
 
 
 @dataclass
@@ -36,27 +36,7 @@ def resolve(name: str, folder: Path = DEFAULT_DIR) -> tuple[str, Path]:
 
 def load_questions(name: str, folder: Path = DEFAULT_DIR, limit: int | None = None) -> list[Question]:
     dataset, path = resolve(name, folder)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GumihoError(f"cannot read dataset {path}: {getattr(exc, 'strerror', None) or exc}") from exc
-    questions = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            turns = record["turns"] if "turns" in record else [record["prompt"]]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise GumihoError(f"{path}:{number}: expected a JSON object with 'turns' (a list) or 'prompt'") from None
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise GumihoError(f"{path}:{number}: 'turns' must be a non-empty list of non-empty strings")
-        questions.append(Question(dataset, str(record.get("question_id", number)), turns))
-        if limit is not None and len(questions) == limit:
-            break
-    if not questions:
-        raise GumihoError(f"{path} holds no prompts")
-    return questions
+    return [Question(dataset, record.id, record.turns) for record in read_prompt_file(path, "dataset", limit)]
 
 
 def encode_conversation(tokenizer, turns: list[str]) -> list[int]:

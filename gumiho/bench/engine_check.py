@@ -69,16 +69,16 @@ def check(engine: Engine, max_new_tokens: int, rounds: int, prompts: tuple[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..__main__ import _quiet_libraries
+    from ..cli import OneLineParser, quiet_libraries
     from ..loader import build_engine
 
-    parser = argparse.ArgumentParser(prog="python -m gumiho.bench.engine_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m gumiho.bench.engine_check", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     args = parser.parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     print(json.dumps(check(build_engine(threads=args.threads), args.max_new_tokens, args.rounds), indent=2))
     return 0
 

@@ -186,6 +186,11 @@ def rank_candidates(cost: CostCurve, calibrations: list[Calibration], sizes: tup
     return sorted(candidates, key=lambda c: (-c.tokens_per_s, c.total_tokens, c.top_k))
 
 
+def top_ks_to_try(top_k: int | None) -> tuple[int, ...]:
+    """The top_k candidates of an automatic choice: the one given, else TOP_KS."""
+    return (top_k,) if top_k else TOP_KS
+
+
 def shape_for(method: str, base: TreeSettings, top_k: int, total_tokens: int) -> TreeSettings:
     """`base` with another top_k and total_tokens; Gumiho's per-head candidates and pruning never fall below top_k."""
     if method == "gumiho":

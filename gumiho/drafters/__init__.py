@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Drafter, DrafterConfig
+from .base import Drafter
+from .config import DrafterConfig
 from .eagle2 import Eagle2Drafter
 from .gumiho import GumihoDrafter
 

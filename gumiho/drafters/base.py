@@ -1,4 +1,4 @@
-"""What every drafter shares: config, save/load, the target's embedding and lm_head, the draft KV cache.
+"""What every drafter shares: save/load, the target's embedding and lm_head, the draft KV cache.
 
 A drafter sees pairs (target feature f_j, next token x_{j+1}). The engine hands it the pairs of every newly
 accepted position; `propose` appends them to the draft cache and drafts a `DraftPool` under the last token (the
@@ -8,7 +8,7 @@ root). The draft never touches the target's KV cache. Only the accepted prefix s
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -19,48 +19,8 @@ from ..acceptance import Acceptance
 from ..errors import GumihoError
 from ..packed import PackedMatrix
 from ..tree import DraftPool, TreeSettings
+from .config import DrafterConfig
 from .layers import DraftTransformer, KVCache
-
-
-@dataclass
-class DrafterConfig:
-    kind: str  # "eagle2" | "gumiho"
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    num_layers: int
-    rope_theta: float
-    rms_norm_eps: float
-    vocab_size: int
-    draft_vocab_size: int = 0  # 0: propose from the full vocabulary; else from the ids in the `draft_vocab` buffer
-    mlp_heads: int = 0
-    mlp_blocks: int = 5
-    target: str = ""
-
-    @classmethod
-    def for_target(cls, kind: str, target_config, **overrides) -> DrafterConfig:
-        rope = getattr(target_config, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
-        base = dict(
-            kind=kind,
-            hidden_size=target_config.hidden_size,
-            intermediate_size=target_config.intermediate_size,
-            num_attention_heads=target_config.num_attention_heads,
-            num_key_value_heads=target_config.num_key_value_heads,
-            num_layers=2 if kind == "gumiho" else 1,
-            rope_theta=float(theta),
-            rms_norm_eps=target_config.rms_norm_eps,
-            vocab_size=target_config.vocab_size,
-            mlp_heads=5 if kind == "gumiho" else 0,
-        )
-        base.update(overrides)
-        return cls(**base)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> DrafterConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class Drafter(nn.Module):
@@ -71,18 +31,14 @@ class Drafter(nn.Module):
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
-        c = config
-        self.transformer = DraftTransformer(
-            c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.num_layers,
-            c.rope_theta, c.rms_norm_eps,
-        )
-        if c.draft_vocab_size:
-            self.register_buffer("draft_vocab", torch.arange(c.draft_vocab_size, dtype=torch.long))
+        self.transformer = DraftTransformer(config)
+        if config.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size, dtype=torch.long))
         else:
             self.draft_vocab = None
         self.embed_weight: torch.Tensor | None = None
         self.head_weight: torch.Tensor | None = None
-        self.cache = KVCache(c.num_layers)
+        self.cache = KVCache(config.num_layers)
         self.acceptance: Acceptance | None = None  # calibration statistics for automatic trees (choice.py)
 
     # --- shared weights -------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import torch
 
 from ..errors import GumihoError
 from ..tree import DraftPool, TreeSettings
-from .base import Drafter, DrafterConfig
+from .base import Drafter
+from .config import DrafterConfig
 from .layers import ParallelHeads
 
 
@@ -22,7 +23,7 @@ class GumihoDrafter(Drafter):
 
     def __init__(self, config: DrafterConfig):
         super().__init__(config)
-        self.heads = ParallelHeads(config.hidden_size, config.mlp_heads, config.mlp_blocks)
+        self.heads = ParallelHeads(config)
 
     def check_tree(self, tree: TreeSettings) -> None:
         if tree.depth - 1 > self.config.mlp_heads:

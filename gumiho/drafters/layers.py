@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import DrafterConfig
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
@@ -65,13 +67,14 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, theta: float):
+    def __init__(self, config: DrafterConfig):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, hidden // heads, theta
-        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+        hidden, self.heads, self.kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.theta = hidden // self.heads, config.rope_theta
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
 
     def forward(self, x, positions, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
@@ -88,11 +91,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, theta: float, eps: float, index: int):
+    def __init__(self, config: DrafterConfig, index: int):
         super().__init__()
+        hidden, intermediate, eps = config.hidden_size, config.intermediate_size, config.rms_norm_eps
         # Layer 0 reads the fc output directly: no input norm (EAGLE and Gumiho alike).
         self.input_layernorm = RMSNorm(hidden, eps) if index > 0 else None
-        self.self_attn = Attention(hidden, heads, kv_heads, theta)
+        self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -107,14 +111,12 @@ class DecoderLayer(nn.Module):
 
 
 class DraftTransformer(nn.Module):
-    """fc fusion + `layers` decoder layers."""
+    """fc fusion + `config.num_layers` decoder layers."""
 
-    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, layers: int, theta: float, eps: float):
+    def __init__(self, config: DrafterConfig):
         super().__init__()
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
-        self.layers = nn.ModuleList(
-            DecoderLayer(hidden, intermediate, heads, kv_heads, theta, eps, i) for i in range(layers)
-        )
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
 
     def fuse(self, token_embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([token_embeddings, features], -1))
@@ -136,12 +138,14 @@ class DraftTransformer(nn.Module):
 class ParallelHeads(nn.Module):
     """Gumiho's MLP heads, stored stacked so all of them run in one batched call.
 
-    Head m: a_0 = SiLU(W_0 u + b_0) with u in R^{2H}, then `blocks` residual blocks a_k = a_{k-1} + SiLU(W_k a_{k-1} + b_k).
+    Head m: a_0 = SiLU(W_0 u + b_0) with u in R^{2H}, then `config.mlp_blocks` residual blocks
+    a_k = a_{k-1} + SiLU(W_k a_{k-1} + b_k).
     Weights start at zero; biases keep nn.Linear's default initialisation.
     """
 
-    def __init__(self, hidden: int, heads: int, blocks: int):
+    def __init__(self, config: DrafterConfig):
         super().__init__()
+        hidden, heads, blocks = config.hidden_size, config.mlp_heads, config.mlp_blocks
         self.in_weight = nn.Parameter(torch.zeros(heads, 2 * hidden, hidden))
         self.in_bias = nn.Parameter(_linear_bias(heads, 2 * hidden, hidden))
         self.block_weight = nn.Parameter(torch.zeros(heads, blocks, hidden, hidden))

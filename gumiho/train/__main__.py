@@ -12,15 +12,11 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 from dataclasses import MISSING, fields
+from pathlib import Path
 
+from ..cli import OneLineParser, run_reporting_errors
 from ..errors import GumihoError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
@@ -63,7 +59,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def prepare_main(argv: list[str]) -> int:
     from .prepare import PrepareConfig, prepare
 
-    parser = _Parser(prog="python -m gumiho.train prepare", description="conversations + cached target features")
+    parser = OneLineParser(prog="python -m gumiho.train prepare", description="conversations + cached target features")
     _add_dataclass_arguments(parser, PrepareConfig)
     _common(parser)
     args = parser.parse_args(argv)
@@ -79,7 +75,8 @@ def prepare_main(argv: list[str]) -> int:
 def train_main(argv: list[str]) -> int:
     from .trainer import TrainConfig, train
 
-    parser = _Parser(prog="python -m gumiho.train", description="train an EAGLE-2 or Gumiho drafter on cached features")
+    parser = OneLineParser(prog="python -m gumiho.train",
+                           description="train an EAGLE-2 or Gumiho drafter on cached features")
     _add_dataclass_arguments(parser, TrainConfig)
     _common(parser)
     args = parser.parse_args(argv)
@@ -98,7 +95,8 @@ def eval_main(argv: list[str]) -> int:
     from ..drafters import Drafter
     from .evaluate import chain_accuracy, tau_on_prompts, vocab_coverage
 
-    parser = _Parser(prog="python -m gumiho.train eval", description="held-out chain accuracy and tau of a drafter")
+    parser = OneLineParser(prog="python -m gumiho.train eval",
+                           description="held-out chain accuracy and tau of a drafter")
     parser.add_argument("--drafter-dir", required=True, help="drafter folder (config.json + model.safetensors)")
     parser.add_argument("--heldout", help="feature folder of held-out conversations (from prepare --split heldout)")
     parser.add_argument("--prompts", action="append", default=[], help="JSONL prompts file for tau (repeatable)")
@@ -139,7 +137,7 @@ def eval_main(argv: list[str]) -> int:
 def ship_main(argv: list[str]) -> int:
     from .ship import ship
 
-    parser = _Parser(prog="python -m gumiho.train ship", description="write a trained run as a drafter folder")
+    parser = OneLineParser(prog="python -m gumiho.train ship", description="write a trained run as a drafter folder")
     parser.add_argument("--run", required=True, help="training run folder")
     parser.add_argument("--dest", required=True, help="drafter folder to write")
     parser.add_argument("--eval", action="append", default=[], help="JSON from `eval --out` for the model card (repeatable)")
@@ -154,16 +152,11 @@ COMMANDS = {"prepare": prepare_main, "eval": eval_main, "ship": ship_main}
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        import transformers
+    import transformers
 
-        transformers.logging.set_verbosity_error()
-        if argv and argv[0] in COMMANDS:
-            return COMMANDS[argv[0]](argv[1:])
-        return train_main(argv)
-    except GumihoError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    transformers.logging.set_verbosity_error()
+    command, args = (COMMANDS[argv[0]], argv[1:]) if argv and argv[0] in COMMANDS else (train_main, argv)
+    return run_reporting_errors(lambda: command(args))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import GumihoError
+from ..prompts import user_turns
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
          "assistant": "assistant", "system": "system"}
@@ -104,10 +105,8 @@ def from_jsonl_record(record: dict, fallback_id: str) -> Conversation | None:
         messages = _alternating([(m.get("role", ""), m.get("content")) for m in turns])
         return Conversation(id=cid, messages=messages) if messages else None
     if "turns" in record or "prompt" in record:
-        turns = record["turns"] if "turns" in record else [record["prompt"]]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            return None
-        return Conversation(id=cid, messages=[{"role": "user", "content": t} for t in turns])
+        turns = user_turns(record)
+        return Conversation(id=cid, messages=[{"role": "user", "content": t} for t in turns]) if turns else None
     raise GumihoError("expected 'conversations', 'messages', 'prompt' or 'turns'")
 
 

@@ -95,8 +95,8 @@ def vocab_coverage(drafter: Drafter, target: Target, sequences: list[Sequence]) 
 
 def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, max_new_tokens: int = 128) -> dict:
     """Mean tau (tokens per cycle) over prompts at T = 0 with the method's default tree."""
-    from ..__main__ import read_prompts
     from ..engine import Engine, GenerationConfig
+    from ..prompts import read_prompts
 
     prompts = read_prompts(path)
     prompts = prompts[:limit] if limit else prompts

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -137,10 +137,109 @@ def _device_name(dev: torch.device) -> str:
     return f"cpu, {torch.get_num_threads()} torch thread(s)" if dev.type == "cpu" else str(dev)
 
 
-def _save_checkpoint(path: Path, state: dict) -> None:
+@dataclass
+class RunLength:
+    """The run's length in steps. A run with a time budget (`--minutes`) fixes it once its first steps are timed."""
+
+    steps: int
+    fixed: bool
+    probe_from: float | None = None  # seconds into the run at step PROBE_SKIP, where the speed measurement starts
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class TrainState:
+    """Everything the loop changes: the weights' optimizer and its schedule, where the run is, the loss history.
+    `progress()` is what a checkpoint keeps besides the weights, optimizer and schedule."""
+
+    drafter: Drafter
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    length: RunLength
+    epoch: int = 0
+    batch: int = 0  # batches done in this epoch
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0  # seconds of training, over every resumed attempt
+    history: list[dict] = field(default_factory=list)  # one mean of the loss parts per log line
+    window: list[dict] = field(default_factory=list)  # the loss parts of each step since the last log line
+
+    def progress(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "tokens": self.tokens,
+                "elapsed": self.elapsed, "history": self.history, "length": self.length.to_dict()}
+
+    def resume(self, saved: dict) -> None:
+        """Continue from a checkpoint (`save_checkpoint`'s dict)."""
+        self.drafter.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        progress = saved["state"]
+        self.epoch, self.batch, self.step = progress["epoch"], progress["batch"], progress["step"]
+        self.tokens, self.elapsed, self.history = progress["tokens"], progress["elapsed"], progress["history"]
+        # In place: the schedule reads the run length from this object at every step.
+        self.length.steps, self.length.fixed = progress["length"]["steps"], progress["length"]["fixed"]
+        self.length.probe_from = progress["length"].get("probe_from")
+
+    def optimize(self, loss: torch.Tensor, clip_norm: float) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable(self.drafter), clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+
+
+def trainable(drafter: Drafter) -> list[torch.nn.Parameter]:
+    return [p for p in drafter.parameters() if p.requires_grad]
+
+
+def new_state(config: TrainConfig, drafter: Drafter, batches_per_epoch: int) -> TrainState:
+    """AdamW with warm-up and linear decay to the end of the run, whose length a time budget fixes later."""
+    length = RunLength(steps=planned_steps(config, batches_per_epoch), fixed=config.minutes <= 0)
+    optimizer = torch.optim.AdamW(trainable(drafter), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_lambda(config.warmup_steps, length.steps)(step))
+    return TrainState(drafter, optimizer, scheduler, length)
+
+
+def fix_length(config: TrainConfig, state: TrainState, batches_per_epoch: int) -> None:
+    """A run with a time budget, its first steps timed: as many steps as fit `config.minutes`."""
+    state.length.steps = fit_to_budget(config, state.step, state.elapsed, batches_per_epoch,
+                                       state.length.probe_from or 0.0)
+    state.length.fixed = True
+    log.info("run length fixed at %d steps (%.2f epochs) to fit %.1f min", state.length.steps,
+             state.length.steps / batches_per_epoch, config.minutes)
+
+
+def save_checkpoint(path: Path, config: TrainConfig, state: TrainState) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    torch.save({"config": asdict(config), "model": state.drafter.state_dict(),
+                "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
+                "state": state.progress()}, tmp)
     tmp.replace(path)
+
+
+def write_length(out: Path, length: RunLength, batches_per_epoch: int) -> None:
+    """The run's length in steps, for a second run that must match it (`--max-steps`); written whole at once, since
+    scripts/train_drafters.sh waits for the file."""
+    tmp = out / "length.json.tmp"
+    tmp.write_text(json.dumps({"steps": length.steps, "batches_per_epoch": batches_per_epoch}) + "\n")
+    tmp.replace(out / "length.json")
+
+
+def log_progress(config: TrainConfig, state: TrainState) -> None:
+    """Append the mean loss parts since the last log line to the history, and log them."""
+    mean = mean_parts(state.window)
+    state.window = []
+    state.history.append({"step": state.step, "epoch": state.epoch, **mean})
+    rate = state.tokens / max(state.elapsed, 1e-9)
+    eta = (state.length.steps - state.step) * state.elapsed / state.step
+    log.info("step %d/%d epoch %d loss %.4f lv %.4f lp %.3f acc1 %.3f%s%s | %.0f tok/s, eta %.0f min",
+             state.step, state.length.steps, state.epoch, mean["loss"], mean["lv"], mean["lp"], mean["acc1"],
+             "".join(f" acc{k} {mean[f'acc{k}']:.3f}" for k in range(2, config.unroll + 1)),
+             "".join(f" mlp{i} {mean[f'acc_mlp{i}']:.3f}" for i in range(5) if f"acc_mlp{i}" in mean),
+             rate, eta / 60)
 
 
 def train(config: TrainConfig, target: Target) -> Path:
@@ -157,97 +256,56 @@ def train(config: TrainConfig, target: Target) -> Path:
     dev = target.device
     sequences = on_device(sequences, dev)
     if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # the drafter trains in fp32; TF32 matmuls are ~8x faster
+        torch.backends.cuda.matmul.allow_tf32 = True  # the drafter trains in fp32; TF32 matmuls are far faster
     groups = plan_batches([len(s.input_ids) for s in sequences], config.batch_tokens)
-    length = {"steps": planned_steps(config, len(groups)), "fixed": config.minutes <= 0}
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    # The decay reads the run length at every step: a time-budgeted run fixes it only after its first steps.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_lambda(config.warmup_steps, length["steps"])(step))
-    weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight)
-    state = {"epoch": 0, "batch": 0, "step": 0, "tokens": 0, "elapsed": 0.0, "history": [], "length": length}
+    state = new_state(config, drafter, len(groups))
     checkpoint = out / "checkpoint.pt"
     if checkpoint.exists():
         saved = torch.load(checkpoint, map_location=dev, weights_only=False)
         if saved["config"] != asdict(config):
             raise GumihoError(f"{checkpoint} was written with other settings; use a new --out or the same options")
-        drafter.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = saved["state"]
-        length.update(state["length"])
-        state["length"] = length
-        log.info("resumed at epoch %d, batch %d (step %d)", state["epoch"], state["batch"], state["step"])
+        state.resume(saved)
+        log.info("resumed at epoch %d, batch %d (step %d)", state.epoch, state.batch, state.step)
     log.info("%s drafter: %d sequences, %d tokens, %d batches/epoch, %d steps, draft vocab %d (covers %.1f%% of "
              "assistant tokens)", config.drafter, len(sequences), sum(len(s.input_ids) for s in sequences),
-             len(groups), length["steps"], drafter.config.draft_vocab_size or target.vocab_size, 100 * coverage)
-
-    def save() -> None:
-        _save_checkpoint(checkpoint, {"config": asdict(config), "model": drafter.state_dict(),
-                                      "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                      "state": state})
-
-    def write_length() -> None:
-        """The run's length in steps, for a second run that must match it (`--max-steps`); written whole at once,
-        since scripts/train_drafters.sh waits for the file."""
-        tmp = out / "length.json.tmp"
-        tmp.write_text(json.dumps({"steps": length["steps"], "batches_per_epoch": len(groups)}) + "\n")
-        tmp.replace(out / "length.json")
-
-    if length["fixed"]:
-        write_length()
+             len(groups), state.length.steps, drafter.config.draft_vocab_size or target.vocab_size, 100 * coverage)
+    if state.length.fixed:
+        write_length(out, state.length, len(groups))
     else:  # resumed before the length was fixed: an earlier attempt's file would mislead the waiting script
         (out / "length.json").unlink(missing_ok=True)
-    generator = torch.Generator(device=dev)
-    started, window = time.time() - state["elapsed"], []
-    while state["epoch"] < config.epochs and state["step"] < length["steps"]:
-        order = epoch_order(groups, config.seed, state["epoch"])
-        mlp_ce_on = state["epoch"] >= config.mlp_ce_epoch
-        while state["batch"] < len(order) and state["step"] < length["steps"]:
-            batch = collate([sequences[i] for i in order[state["batch"]]], dev)
-            generator.manual_seed(config.seed * 1_000_003 + state["step"])
-            loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator, config.unroll)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
-            optimizer.step()
-            scheduler.step()
-            state["batch"] += 1
-            state["step"] += 1
-            state["tokens"] += batch.tokens
-            state["elapsed"] = time.time() - started
-            window.append(parts)
-            if state["step"] == PROBE_SKIP:
-                length["probe_from"] = state["elapsed"]  # the first steps are slow (allocator, kernels warming up)
-            if not length["fixed"] and state["step"] >= max(config.probe_steps, PROBE_SKIP + 1):
-                length["steps"] = fit_to_budget(config, state["step"], state["elapsed"], len(groups),
-                                                length.get("probe_from", 0.0))
-                length["fixed"] = True
-                log.info("run length fixed at %d steps (%.2f epochs) to fit %.1f min", length["steps"],
-                         length["steps"] / len(groups), config.minutes)
-                write_length()
-            total_steps = length["steps"]
-            if state["step"] % config.log_every == 0 or state["step"] == total_steps:
-                mean = mean_parts(window)
-                state["history"].append({"step": state["step"], "epoch": state["epoch"], **mean})
-                rate = state["tokens"] / max(state["elapsed"], 1e-9)
-                eta = (total_steps - state["step"]) * state["elapsed"] / state["step"]
-                log.info("step %d/%d epoch %d loss %.4f lv %.4f lp %.3f acc1 %.3f%s%s | %.0f tok/s, eta %.0f min",
-                         state["step"], total_steps, state["epoch"], mean["loss"], mean["lv"], mean["lp"], mean["acc1"],
-                         "".join(f" acc{k} {mean[f'acc{k}']:.3f}" for k in range(2, config.unroll + 1)),
-                         "".join(f" mlp{i} {mean[f'acc_mlp{i}']:.3f}" for i in range(5) if f"acc_mlp{i}" in mean),
-                         rate, eta / 60)
-                window = []
-            if state["step"] % config.checkpoint_every == 0:
-                save()
-        if state["batch"] >= len(order):
-            state["epoch"] += 1
-            state["batch"] = 0
-        save()
 
-    length["steps"] = state["step"]  # a budgeted run that ended before its probe was done
-    write_length()
+    weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight)
+    generator = torch.Generator(device=dev)
+    started = time.time() - state.elapsed
+    while state.epoch < config.epochs and state.step < state.length.steps:
+        order = epoch_order(groups, config.seed, state.epoch)
+        mlp_ce_on = state.epoch >= config.mlp_ce_epoch
+        while state.batch < len(order) and state.step < state.length.steps:
+            batch = collate([sequences[i] for i in order[state.batch]], dev)
+            generator.manual_seed(config.seed * 1_000_003 + state.step)
+            loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator, config.unroll)
+            state.optimize(loss, config.clip_norm)
+            state.batch += 1
+            state.step += 1
+            state.tokens += batch.tokens
+            state.elapsed = time.time() - started
+            state.window.append(parts)
+            if state.step == PROBE_SKIP:
+                state.length.probe_from = state.elapsed  # the first steps are slow (allocator, kernels warming up)
+            if not state.length.fixed and state.step >= max(config.probe_steps, PROBE_SKIP + 1):
+                fix_length(config, state, len(groups))
+                write_length(out, state.length, len(groups))
+            if state.step % config.log_every == 0 or state.step == state.length.steps:
+                log_progress(config, state)
+            if state.step % config.checkpoint_every == 0:
+                save_checkpoint(checkpoint, config, state)
+        if state.batch >= len(order):
+            state.epoch += 1
+            state.batch = 0
+        save_checkpoint(checkpoint, config, state)
+
+    state.length.steps = state.step  # a budgeted run that ended before its probe was done
+    write_length(out, state.length, len(groups))
     drafter.save_pretrained(out / "drafter")
     summary = {
         "config": asdict(config),
@@ -255,14 +313,14 @@ def train(config: TrainConfig, target: Target) -> Path:
         "sequences": len(sequences),
         "tokens_per_epoch": sum(len(s.input_ids) for s in sequences),
         "assistant_tokens_per_epoch": sum(int(s.loss_mask.sum()) for s in sequences),
-        "tokens_seen": state["tokens"],
-        "steps": state["step"],
-        "epochs_seen": round(state["epoch"] + state["batch"] / len(groups), 3),
-        "wall_time_s": round(state["elapsed"], 1),
+        "tokens_seen": state.tokens,
+        "steps": state.step,
+        "epochs_seen": round(state.epoch + state.batch / len(groups), 3),
+        "wall_time_s": round(state.elapsed, 1),
         "draft_vocab_size": drafter.config.draft_vocab_size,
         "draft_vocab_coverage": coverage,
-        "final": state["history"][-1] if state["history"] else {},
-        "history": state["history"],
+        "final": state.history[-1] if state.history else {},
+        "history": state.history,
     }
     (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out

@@ -1,0 +1,79 @@
+"""What the command lines (`generate`, `bench`, `train`) share: one-line usage errors, argument types, the draft-tree
+options, and quiet third-party libraries."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from .errors import GumihoError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def run_reporting_errors(command: Callable[[], int]) -> int:
+    """`command()`, or exit status 2 with its GumihoError as one line on stderr."""
+    try:
+        return command()
+    except GumihoError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def total_tokens(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    tree = parser.add_argument_group("draft tree (defaults depend on method and device)")
+    tree.add_argument("--tree-top-k", type=int, help="candidates per expanded node")
+    tree.add_argument("--depth", type=int, help="EAGLE-2: expansion steps; Gumiho: draft depth minus 1")
+    tree.add_argument("--total-tokens", type=total_tokens, help="nodes verified per cycle, root included, or "
+                      "'auto': measured on this device (and top-k with it, unless --tree-top-k is given; cached)")
+    tree.add_argument("--mlptopk", type=int, help="Gumiho: candidates per MLP head and branch")
+    tree.add_argument("--pruning", type=int, help="Gumiho: nodes kept per MLP depth")
+    tree.add_argument("--fta", action=argparse.BooleanOptionalAction, default=None,
+                      help="Gumiho: Full Tree Attention (approximate; greedy only)")
+    tree.add_argument("--mlp-parent-align", action=argparse.BooleanOptionalAction, default=True,
+                      help="Gumiho: feed each MLP row its true serial parent (off = official code's quirk)")
+    tree.add_argument("--serial-tree-mask", action=argparse.BooleanOptionalAction, default=True,
+                      help="Gumiho: ancestor mask in the serial step (off = official code's causal mask)")
+
+
+def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of `add_tree_arguments` as `TreeSettings.resolve` overrides (None: the default; so is 'auto')."""
+    return {
+        "top_k": args.tree_top_k, "depth": args.depth,
+        "total_tokens": None if args.total_tokens == "auto" else args.total_tokens,
+        "mlptopk": args.mlptopk, "pruning": args.pruning, "fta": args.fta,
+        "mlp_parent_align": args.mlp_parent_align, "serial_tree_mask": args.serial_tree_mask,
+    }
+
+
+def quiet_libraries() -> None:
+    """No transformers warnings or progress bars in command-line output."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
