@@ -8,28 +8,10 @@ import logging
 import os
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from .cli import OneLineParser, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
+from .cli import OneLineParser, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
 from .errors import GumihoError
 from .prompts import read_prompts
-
-if TYPE_CHECKING:  # torch is imported only once a command needs it (`--help` stays fast)
-    from .engine import Engine
-    from .tree import TreeSettings
-
-
-def automatic_tree(engine: Engine, method: str, base: TreeSettings, top_k: int | None) -> TreeSettings:
-    """`--total-tokens auto`: the size (and top-k, unless given) measured best on this device for `base`'s shape
-    (cached), reported on stderr."""
-    from .bench.tree_size import cached_auto_tree, top_ks_to_try
-
-    choice = cached_auto_tree(engine, method, base, top_ks_to_try(top_k))
-    tree, best = choice.settings, choice.candidates[0]
-    print(f"[auto tree] top_k {tree.top_k}, total_tokens {tree.total_tokens}, predicted {best.speedup:.2f}x "
-          "the AR loop" + (" (slower: the drafter is not accurate enough here)" if best.speedup < 1 else ""),
-          file=sys.stderr)
-    return tree
 
 
 def generate_main(args: argparse.Namespace) -> int:
@@ -49,13 +31,14 @@ def generate_main(args: argparse.Namespace) -> int:
     base = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
                             chat=args.chat, trace=args.trace)
     drafters = {} if args.method == "ar" else {args.method: args.drafter}
-    engine = build_engine(args.model, drafters, device=args.device, threads=args.threads, seed=args.seed)
-    overrides = tree_overrides(args)
-    if args.total_tokens == "auto":  # measured below; until then the rest of the shape is checked with one node
-        overrides["total_tokens"] = 1
-    tree = TreeSettings.resolve(args.method, engine.target.device.type, overrides)
-    if tree is not None and args.total_tokens == "auto":
-        tree = automatic_tree(engine, args.method, tree, args.tree_top_k)
+    engine = build_engine(args.model, drafters, device=args.device, threads=args.threads, seed=args.seed,
+                          dtype=args.dtype, lead=args.method, progress=True)
+    tree = None
+    if args.method != "ar":
+        tree = TreeSettings.resolve(args.method, engine.target.device.type, tree_overrides(args),
+                                    base=engine.default_tree(args.method))
+    if engine.choice:
+        print(f"[auto] {engine.choice.summary(args.method)}", file=sys.stderr)
     config = replace(base, tree=tree)
     for prompt in prompts:
         trace = engine.generate(prompt, args.method, config)
@@ -90,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True, help="apply the chat template")
     gen.add_argument("--trace", action="store_true", help="record every cycle's tree (in --json output as 'steps')")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
-    gen.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    gen.add_argument("--threads", type=int, help="CPU threads for torch")
+    add_device_arguments(gen)
     add_tree_arguments(gen)
     commands.add_parser("bench", help="benchmark harness (python -m gumiho bench --help)", add_help=False)
     commands.add_parser("train", help="train a drafter (python -m gumiho train --help)", add_help=False)

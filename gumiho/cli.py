@@ -45,12 +45,30 @@ def total_tokens(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
+def dtype_name(text: str) -> str:
+    """argparse type for --dtype: auto or a dtype name (checked here, so a typo is a usage error)."""
+    from .target import DTYPE_NAMES
+
+    if text != "auto" and text not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose auto, float32, bfloat16 or float16")
+    return text
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cuda, else mps, else cpu)")
+    parser.add_argument("--threads", type=positive, help="CPU threads for torch (default: all cores)")
+    parser.add_argument("--dtype", type=dtype_name, default="auto",
+                        help="auto (default: the fastest path in this machine's profile, measured once and cached), "
+                             "float32, bfloat16 or float16. bfloat16 on a CPU without bf16 units runs, slowly, "
+                             "with a warning")
+
+
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     tree = parser.add_argument_group("draft tree (defaults depend on method and device)")
     tree.add_argument("--tree-top-k", type=int, help="candidates per expanded node")
     tree.add_argument("--depth", type=int, help="EAGLE-2: expansion steps; Gumiho: draft depth minus 1")
-    tree.add_argument("--total-tokens", type=total_tokens, help="nodes verified per cycle, root included, or "
-                      "'auto': measured on this device (and top-k with it, unless --tree-top-k is given; cached)")
+    tree.add_argument("--total-tokens", type=total_tokens, help="nodes verified per cycle, root included (default "
+                      "'auto': chosen from this machine's profile and the drafter's acceptance statistics)")
     tree.add_argument("--mlptopk", type=int, help="Gumiho: candidates per MLP head and branch")
     tree.add_argument("--pruning", type=int, help="Gumiho: nodes kept per MLP depth")
     tree.add_argument("--fta", action=argparse.BooleanOptionalAction, default=None,

@@ -220,10 +220,10 @@ def drafter_key(drafter: Drafter) -> str:
     return f"{c.kind}:h{c.hidden_size}:l{c.num_layers}:v{c.draft_vocab_size or c.vocab_size}:m{c.mlp_heads}"
 
 
-def profile_key(target: Target, drafters: dict[str, Drafter]) -> str:
+def profile_key(target: Target) -> str:
+    """Machine, model and its architecture; the drafters a profile timed are checked per entry."""
     identity = {"signature": signature(target.device), "model": target.name,
-                "config": target.model.config.to_json_string(use_diff=False),
-                "drafters": {m: drafter_key(d) for m, d in sorted(drafters.items())}}
+                "config": target.model.config.to_json_string(use_diff=False)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -232,7 +232,7 @@ def profile_path(target: Target) -> Path:
     return cache_root() / "profiles" / f"{slug}.json"
 
 
-class _VerifyTimer:
+class VerifyTimer:
     """One path's target forwards over a KV cache of `kv` tokens, one size at a time."""
 
     def __init__(self, target: Target, kv: int):
@@ -244,6 +244,7 @@ class _VerifyTimer:
     def _tokens(self, n: int) -> torch.Tensor:
         return torch.randint(self.target.vocab_size, (n,), generator=self.generator).to(self.target.device)
 
+    @torch.inference_mode()
     def __call__(self, n: int) -> float:
         device, kv = self.target.device, self.kv
         tokens, mask = self._tokens(n), None
@@ -260,7 +261,7 @@ class _VerifyTimer:
         return elapsed
 
 
-class _DraftTimer:
+class DraftTimer:
     """One drafter's `propose` + tree build after a 256-token prefix, three newly accepted tokens each call."""
 
     def __init__(self, target: Target, drafter: Drafter, method: str):
@@ -270,6 +271,7 @@ class _DraftTimer:
         self.drafter, self.method, self.device = drafter, method, target.device
         self.base = TreeSettings.default(method, target.device.type)
 
+    @torch.inference_mode()
     def __call__(self, top_k: int) -> float:
         tree, drafter = widest_tree(self.method, self.base, top_k), self.drafter
         drafter.reset()
@@ -311,8 +313,8 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     repeat 0 warms up and is not kept."""
     paths = paths or candidate_paths(target.device, target.forward)
     runners = [target_for(target, path) for path in paths]
-    verify = [[_VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
-    draft = [{m: _DraftTimer(r, drafter_for(d, r, p.pack), m) for m, d in sorted(drafters.items())}
+    verify = [[VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
+    draft = [{m: DraftTimer(r, drafter_for(d, r, p.pack), m) for m, d in sorted(drafters.items())}
              for r, p in zip(runners, paths)]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
     draft_ms = [{m: {k: [] for k in top_ks} for m in drafters} for _ in paths]
@@ -344,26 +346,29 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
 
 def load_or_measure(target: Target, drafters: dict[str, Drafter], progress: bool = True,
                     on_progress: Callable[[float], None] | None = None) -> MachineProfile:
-    """The cached profile for this machine, model and drafter shapes, or a new measurement (then cached)."""
-    path, key = profile_path(target), profile_key(target, drafters)
+    """The cached profile for this machine and model that timed (at least) these drafters' shapes, or a new
+    measurement, then cached. An entry measured on another machine, or that does not parse, is never used."""
+    path, key = profile_path(target), profile_key(target)
+    wanted = {m: drafter_key(d) for m, d in drafters.items()}
     store: dict = {}
     try:
         store = json.loads(path.read_text())
         if not isinstance(store, dict):
-            store = {}
-        if key in store:
-            profile = MachineProfile.from_dict(store[key])
-            if profile.signature == signature(target.device):
+            raise ProfileError("not a profile store")
+        for entry in store.get(key, []):
+            profile = MachineProfile.from_dict(entry)
+            if profile.signature != signature(target.device):
+                log.info("the profile in %s was measured on another machine: measuring again", path)
+            elif wanted.items() <= profile.drafters.items():
                 return profile
-            log.info("the profile in %s was measured on another machine: measuring again", path)
     except FileNotFoundError:
         pass
-    except (OSError, json.JSONDecodeError, ProfileError) as exc:
+    except (OSError, json.JSONDecodeError, ProfileError, TypeError) as exc:
         log.warning("ignoring the unreadable machine profile %s (%s): measuring again", path, exc)
         store = {}
     log.info("measuring this machine (once; cached in %s)", path)
     profile = measure(target, drafters, progress=progress, on_progress=on_progress)
-    store[key] = profile.to_dict()
+    store[key] = [profile.to_dict()] + [e for e in store.get(key, []) if isinstance(e, dict)][:3]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(store, indent=1))

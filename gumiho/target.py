@@ -222,6 +222,17 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
     return ids
 
 
+def model_folder(model: str | None) -> str:
+    """Where `from_pretrained` finds `model`: the converted default model's folder, a local folder or a Hub id."""
+    if model in (None, "", DEFAULT_MODEL):
+        return str(ensure_default_model())
+    if Path(model).exists() and not (Path(model) / "config.json").is_file():
+        raise GumihoError(f"{model} is not a model folder (no config.json)")
+    if not Path(model).exists() and (Path(model).is_absolute() or model.startswith((".", "~"))):
+        raise GumihoError(f"no model folder {model}")
+    return model
+
+
 def load_target(
     model: str | None = None,
     device: str | None = None,
@@ -235,14 +246,8 @@ def load_target(
         torch.set_num_threads(threads)
     dev = pick_device(device)
     dt = dtype or pick_dtype(dev)
-    if model in (None, "", DEFAULT_MODEL):
-        folder, name = ensure_default_model(), DEFAULT_MODEL
-    else:
-        folder, name = model, model
-        if Path(model).exists() and not (Path(model) / "config.json").is_file():
-            raise GumihoError(f"{model} is not a model folder (no config.json)")
-        if not Path(model).exists() and (Path(model).is_absolute() or model.startswith((".", "~"))):
-            raise GumihoError(f"no model folder {model}")
+    folder = model_folder(model)
+    name = DEFAULT_MODEL if model in (None, "", DEFAULT_MODEL) else model
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         lm = AutoModelForCausalLM.from_pretrained(folder, dtype=dt, attn_implementation="sdpa")

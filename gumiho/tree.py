@@ -182,15 +182,15 @@ class TreeSettings:
         }.get(method, cls(top_k=1, depth=1, total_tokens=1))
 
     @classmethod
-    def resolve(cls, method: str, device_type: str = "cpu",
-                overrides: Mapping[str, Any] | None = None) -> TreeSettings | None:
-        """The method's default tree on this device with the `overrides` (field -> value; None keeps the default)
-        applied and validated; None for AR, which drafts no tree. Raises GumihoError for a tree the method cannot
-        draft."""
+    def resolve(cls, method: str, device_type: str = "cpu", overrides: Mapping[str, Any] | None = None,
+                base: TreeSettings | None = None) -> TreeSettings | None:
+        """`base` (default: the method's default tree on this device; an engine passes its automatic choice,
+        `Engine.default_tree`) with the `overrides` (field -> value; None keeps the base's) applied and validated;
+        None for AR, which drafts no tree. Raises GumihoError for a tree the method cannot draft."""
         if method == "ar":
             return None
         chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
-        tree = replace(cls.default(method, device_type), **chosen)
+        tree = replace(base or cls.default(method, device_type), **chosen)
         tree.validate(method)
         return tree
 

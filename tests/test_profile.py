@@ -50,9 +50,10 @@ def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_
     target, drafters = tiny_setup()
     calls = []
 
-    def counting(*args, **kwargs):  # what measure returns, without the time it takes (tested above)
+    def counting(target, drafters, **kwargs):  # what measure returns, without the time it takes (tested above)
         calls.append(1)
-        return MachineProfile(**{**flat_profile().__dict__, "signature": prof.signature(target.device)})
+        return MachineProfile(**{**flat_profile().__dict__, "signature": prof.signature(target.device),
+                                 "drafters": {m: prof.drafter_key(d) for m, d in drafters.items()}})
 
     monkeypatch.setattr(prof, "measure", counting)
     first = prof.load_or_measure(target, drafters, progress=False)
@@ -60,17 +61,20 @@ def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_
     path = prof.profile_path(target)
     store = json.loads(path.read_text())
     key = next(iter(store))
-    store[key]["signature"]["name"] = "Some Other CPU"  # a new processor: measure again
+    entry = store[key][0]
+    assert prof.load_or_measure(target, {"gumiho": drafters["gumiho"]}, progress=False) == first  # a subset
+    assert len(calls) == 1
+    entry["signature"]["name"] = "Some Other CPU"  # a new processor: measure again
     path.write_text(json.dumps(store))
     prof.load_or_measure(target, drafters, progress=False)
     assert len(calls) == 2
-    for corrupt in ("{not json", "[1, 2]", json.dumps({key: {"version": 1, "costs": "x"}}),
-                    json.dumps({key: {**store[key], "version": 99}})):
+    for corrupt in ("{not json", "[1, 2]", json.dumps({key: [{"version": 1, "costs": "x"}]}),
+                    json.dumps({key: [{**entry, "version": 99}]}), json.dumps({key: "x"})):
         path.write_text(corrupt)
         prof.load_or_measure(target, drafters, progress=False)
-    assert len(calls) == 6
+    assert len(calls) == 7
     assert prof.load_or_measure(target, drafters, progress=False).signature == prof.signature(target.device)
-    assert len(calls) == 6
+    assert len(calls) == 7
 
 
 def flat_profile(fast: str = "bfloat16") -> MachineProfile:

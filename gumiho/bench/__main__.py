@@ -16,10 +16,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..cli import OneLineParser, positive, quiet_libraries, run_reporting_errors, total_tokens
+from ..cli import OneLineParser, add_device_arguments, positive, quiet_libraries, run_reporting_errors, total_tokens
 from ..errors import GumihoError
 from .datasets import DATASETS, DEFAULT_DIR
-from .harness import VARIANTS, BenchSettings, make_variants
+from .harness import DEFAULT_VARIANTS, VARIANTS, BenchSettings, make_variants
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
 QUICK = {"limit": 4, "max_new_tokens": 128}
@@ -28,7 +28,9 @@ QUICK = {"limit": 4, "max_new_tokens": 128}
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m gumiho bench", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", nargs="+", default=list(VARIANTS), help=f"any of {' '.join(VARIANTS)}")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_VARIANTS),
+                   help=f"any of {' '.join(VARIANTS)} (transformers: plain model.generate in the engine's dtype; "
+                        "transformers-fp32 / -bf16 / -fp16 in that dtype)")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS),
                    help=f"names in --data ({' '.join(DATASETS)}) or paths to .jsonl files")
     p.add_argument("--data", type=Path, default=DEFAULT_DIR, help="folder of the benchmark .jsonl files")
@@ -39,15 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--both-turns", action="store_true", help="MT-Bench: also the second turn (after AR's answer)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds of every method on the first prompt")
     p.add_argument("--total-tokens", type=total_tokens,
-                   help="tree budget for EAGLE-2 and Gumiho alike, or 'auto' (chosen per method on this device); "
-                        "default: the device default (matched on CPU)")
-    p.add_argument("--tree-top-k", type=positive, help="top_k for both drafters (with 'auto': the only one tried)")
+                   help="tree budget for EAGLE-2 and Gumiho alike (default 'auto': each method's automatic choice)")
+    p.add_argument("--tree-top-k", type=positive, help="top_k for both drafters (default: the automatic choice)")
     p.add_argument("--quick", action="store_true", help="4 prompts per task, 128 new tokens (unless given)")
     p.add_argument("--model", help="target model (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--eagle2-drafter", help="EAGLE-2 drafter folder (default: the shipped one)")
     p.add_argument("--gumiho-drafter", help="Gumiho drafter folder (default: the shipped one)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--threads", type=positive, help="torch threads, the same for every method (default: all cores)")
+    add_device_arguments(p)
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: assets/bench)")
     p.add_argument("--name", help="results file stem (default: <device>[-quick])")
     p.add_argument("--resume", action="store_true",
@@ -61,19 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def choose_trees(engine, args, cost) -> tuple[dict, dict]:
-    """The tree of each loaded drafter (the device default with --total-tokens / --tree-top-k applied to every
-    method alike, or measured with 'auto') and the automatic choices made, if any."""
+def choose_trees(engine, args) -> dict:
+    """The tree per drafter method: the engine's automatic choice (per method), or --total-tokens / --tree-top-k for
+    both drafters alike."""
     from ..tree import TreeSettings
-    from .tree_size import auto_tree, top_ks_to_try
 
-    device = engine.target.device.type
-    if args.total_tokens != "auto":
-        overrides = {"total_tokens": args.total_tokens, "top_k": args.tree_top_k}
-        return {m: TreeSettings.resolve(m, device, overrides) for m in engine.drafters}, {}
-    choices = {m: auto_tree(engine, m, TreeSettings.resolve(m, device), cost=cost,
-                            top_ks=top_ks_to_try(args.tree_top_k), progress=args.progress) for m in engine.drafters}
-    return {m: c.settings for m, c in choices.items()}, {m: c.to_dict() for m, c in choices.items()}
+    overrides = {"total_tokens": None if args.total_tokens == "auto" else args.total_tokens, "top_k": args.tree_top_k}
+    return {m: TreeSettings.resolve(m, engine.target.device.type, overrides, base=engine.default_tree(m))
+            for m in ("eagle2", "gumiho") if m in engine.drafters}
 
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
@@ -141,7 +136,8 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     from .metrics import TAU_DEFINITION, add_speedups, summarize
     from .metrics import __doc__ as metric_doc
     from .report import speed_table, write
-    from .tree_size import CostCurve, measure_cost_curve
+    from .cost_curve import CostCurve, measure_cost_curve
+    from .reference import TransformersReference
 
     target = engine.target
     name = run_name(args, target.device.type)
@@ -156,16 +152,19 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     with LoadMonitor() as load:
         if journal.setup is None:
             cost = measure_cost_curve(target, repeats=args.cost_repeats, progress=args.progress)
-            trees, auto = choose_trees(engine, args, cost)
+            trees = choose_trees(engine, args)
+            choice = engine.choice.to_dict() if engine.choice else None
             journal.begin({"command": "python -m gumiho bench " + shlex.join(argv), "cost_curve": asdict(cost),
-                           "trees": {m: t.to_dict() for m, t in trees.items()}, "auto_tree": auto})
+                           "trees": {m: t.to_dict() for m, t in trees.items()}, "auto_tree": {}, "choice": choice})
         else:
             journal.begin()
         cost = CostCurve(**journal.setup["cost_curve"])
         trees = {m: TreeSettings(**t) for m, t in journal.setup["trees"].items()}
-        variants = make_variants(args.methods, trees)
+        variants = make_variants(args.methods, trees, str(target.dtype).removeprefix("torch."))
+        reference = TransformersReference(target, args.model)
         per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress, done=journal.done,
-                                            on_job=lambda key, rows: journal.record(key, rows, load.take())))
+                                            on_job=lambda key, rows: journal.record(key, rows, load.take()),
+                                            reference=reference))
         first = load_questions(settings.datasets[0], settings.data_dir, 1)[0].turns[0]
         prof = profile(engine, variants, first, settings.max_new_tokens) if args.profile else pd.DataFrame()
     summary = summarize(per_prompt)
@@ -186,6 +185,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
                         "metrics": metric_doc},
         "cost_curve": asdict(cost),
         "auto_tree": journal.setup["auto_tree"],
+        "choice": journal.setup.get("choice"),
     }
     paths = write(args.out, result, per_prompt, summary, prof)
     journal.finish()
@@ -224,10 +224,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     settings = bench_settings(args)
     quiet_libraries()
-    drafter_methods = sorted({v.split("+")[0] for v in args.methods} - {"ar"})
+    drafter_methods = sorted({v.split("+")[0] for v in args.methods} & {"eagle2", "gumiho"})
     folders = {"eagle2": args.eagle2_drafter, "gumiho": args.gumiho_drafter}
     engine = build_engine(args.model, {m: folders[m] for m in drafter_methods}, device=args.device,
-                          threads=args.threads)
+                          threads=args.threads, dtype=args.dtype, lead="gumiho" if "gumiho" in drafter_methods
+                          else "ar", progress=args.progress)
+    if engine.choice:
+        print(f"[auto] {engine.choice.summary('gumiho' if 'gumiho' in drafter_methods else 'ar')}; "
+              f"{engine.choice.reason}", file=sys.stderr)
     execute(engine, args, argv, settings)
     return 0
 

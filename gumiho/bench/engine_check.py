@@ -13,11 +13,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 import torch
 
-from ..engine import Engine, GenerationConfig, sync_device
+from ..engine import Engine, GenerationConfig
 
 PROMPTS = (
     "Explain why the sky is blue to a ten-year-old.",
@@ -26,22 +25,13 @@ PROMPTS = (
 )
 
 
-@torch.inference_mode()
-def generate_tokens_per_s(engine: Engine, ids: list[int], max_new_tokens: int) -> float:
-    """Greedy `model.generate` on the same ids; new tokens per second."""
-    target = engine.target
-    inputs = torch.tensor([ids], device=target.device)
-    sync_device(target.device)
-    start = time.perf_counter()
-    out = target.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=target.tokenizer.eos_token_id)
-    sync_device(target.device)
-    return (out.shape[1] - inputs.shape[1]) / (time.perf_counter() - start)
-
-
 def check(engine: Engine, max_new_tokens: int, rounds: int, prompts: tuple[str, ...] = PROMPTS,
           method: str = "gumiho") -> dict:
     """Ratios per prompt, then averaged: AR loop over `model.generate`, traced over untraced cycle time - 1."""
+    from .reference import TransformersReference
+
+    reference = TransformersReference(engine.target, engine.target.name)
+    dtype = str(engine.target.dtype).removeprefix("torch.")
     ar_over_generate, overhead, ar_rates = [], [], []
     traced = GenerationConfig(max_new_tokens=max_new_tokens)
     untraced = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)
@@ -51,7 +41,8 @@ def check(engine: Engine, max_new_tokens: int, rounds: int, prompts: tuple[str, 
             ids = engine.target.encode_prompt(prompt)
             ar = engine.generate(prompt, "ar", traced, prompt_ids=ids)
             ar_rates.append(ar.tokens_per_s)
-            ar_over_generate.append(ar.tokens_per_s / generate_tokens_per_s(engine, ids, max_new_tokens))
+            plain = reference.generate(dtype, prompt, ids, max_new_tokens, 0.0, 0)
+            ar_over_generate.append(ar.tokens_per_s / plain.tokens_per_s)
             on = engine.generate(prompt, method, traced, prompt_ids=ids)
             off = engine.generate(prompt, method, untraced, prompt_ids=ids)
             overhead.append((on.wall_s / on.cycles) / (off.wall_s / off.cycles) - 1)

@@ -22,13 +22,17 @@ from ..tree import TreeSettings
 from .datasets import DEFAULT_DIR, Question, encode_conversation, load_questions
 from .journal import JobKey
 from .metrics import prompt_row
+from .reference import TransformersReference, reference_dtype, reference_name
 
-VARIANTS = ("ar", "eagle2", "gumiho", "gumiho+fta")
+REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16")
+VARIANTS = ("transformers", "ar", "eagle2", "gumiho", "gumiho+fta", *REFERENCES[1:])
+DEFAULT_VARIANTS = ("transformers", "ar", "eagle2", "gumiho", "gumiho+fta")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A method with a fixed tree: `gumiho+fta` is Gumiho with Full Tree Attention on (greedy runs only)."""
+    """A method with a fixed tree: `gumiho+fta` is Gumiho with Full Tree Attention on (greedy runs only);
+    `transformers-<dtype>` is plain `model.generate` in that dtype (`reference.py`)."""
 
     name: str
     method: str
@@ -38,12 +42,19 @@ class Variant:
         return {"name": self.name, "method": self.method, "tree": self.tree.to_dict() if self.tree else None}
 
 
-def make_variants(names: list[str], trees: dict[str, TreeSettings]) -> list[Variant]:
-    """`trees` maps "eagle2" / "gumiho" to their tree; FTA is switched on for `gumiho+fta` only."""
+def make_variants(names: list[str], trees: dict[str, TreeSettings], dtype: str = "float32") -> list[Variant]:
+    """`trees` maps "eagle2" / "gumiho" to their tree; FTA is switched on for `gumiho+fta` only. "transformers" is
+    the reference in the engine's `dtype`."""
     variants = []
     for name in names:
         if name not in VARIANTS:
             raise GumihoError(f"unknown method {name!r}; choose from {', '.join(VARIANTS)}")
+        if name == "transformers":
+            name = reference_name(dtype)
+        if reference_dtype(name):
+            if name not in [v.name for v in variants]:
+                variants.append(Variant(name, name, None))
+            continue
         method = name.split("+")[0]
         tree = None if method == "ar" else replace(trees[method], fta=name.endswith("+fta"))
         if tree is not None:
@@ -82,7 +93,14 @@ def active(variants: list[Variant], temperature: float) -> list[Variant]:
 
 
 def generate(engine: Engine, variant: Variant, text: str, prompt_ids: list[int] | None, max_new_tokens: int,
-             temperature: float, seed: int) -> tuple[GenerationTrace, list[CycleTrace]]:
+             temperature: float, seed: int, reference: TransformersReference | None = None
+             ) -> tuple[GenerationTrace, list[CycleTrace]]:
+    dtype = reference_dtype(variant.method)
+    if dtype:
+        if reference is None:
+            raise GumihoError(f"{variant.name} needs the transformers reference")
+        ids = prompt_ids or engine.target.encode_prompt(text)
+        return reference.generate(dtype, text, ids, max_new_tokens, temperature, seed), []
     config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=temperature),
                               seed=seed, trace=False, tree=variant.tree)
     run = engine.run(text, variant.method, config, prompt_ids=prompt_ids)
@@ -90,15 +108,17 @@ def generate(engine: Engine, variant: Variant, text: str, prompt_ids: list[int] 
     return run.trace, cycles
 
 
-def warm_up(engine: Engine, variants: list[Variant], question: Question, settings: BenchSettings) -> None:
+def warm_up(engine: Engine, variants: list[Variant], question: Question, settings: BenchSettings,
+            reference: TransformersReference | None = None) -> None:
     temperature, seed = settings.runs()[0]
     for _ in range(settings.warmup):
         for variant in active(variants, temperature):
-            generate(engine, variant, question.turns[0], None, settings.max_new_tokens, temperature, seed)
+            generate(engine, variant, question.turns[0], None, settings.max_new_tokens, temperature, seed, reference)
 
 
 def run_conversation(engine: Engine, variants: list[Variant], question: Question, temperature: float, seed: int,
-                     settings: BenchSettings, slot: int, bar: tqdm) -> list[dict]:
+                     settings: BenchSettings, slot: int, bar: tqdm,
+                     reference: TransformersReference | None = None) -> list[dict]:
     """Every variant on each turn of one question; the variant order is rotated by `slot`."""
     chosen = active(variants, temperature)
     order = chosen[slot % len(chosen):] + chosen[: slot % len(chosen)]
@@ -109,7 +129,8 @@ def run_conversation(engine: Engine, variants: list[Variant], question: Question
         results = {}
         for variant in order:
             bar.set_postfix_str(f"{question.dataset} {variant.name}")
-            results[variant.name] = generate(engine, variant, text, ids, settings.max_new_tokens, temperature, seed)
+            results[variant.name] = generate(engine, variant, text, ids, settings.max_new_tokens, temperature, seed,
+                                             reference)
             bar.update()
         reference = results["ar"][0] if "ar" in results and temperature == 0 else None
         for variant in chosen:
@@ -123,7 +144,8 @@ def run_conversation(engine: Engine, variants: list[Variant], question: Question
 
 def run_bench(engine: Engine, variants: list[Variant], settings: BenchSettings, progress: bool = True,
               done: dict[JobKey, list[dict]] | None = None,
-              on_job: Callable[[JobKey, list[dict]], None] | None = None) -> pd.DataFrame:
+              on_job: Callable[[JobKey, list[dict]], None] | None = None,
+              reference: TransformersReference | None = None) -> pd.DataFrame:
     """Warm up on the first question, then run every variant on every prompt; returns the per-prompt table.
 
     `done` holds the rows of conversations finished earlier (a resumed run): they are not run again. `on_job` is
@@ -136,12 +158,12 @@ def run_bench(engine: Engine, variants: list[Variant], settings: BenchSettings, 
     with tqdm(total=sum(size.values()), initial=sum(size[k] for k in size if k in done), desc="bench", unit="gen",
               disable=not progress) as bar:
         if any(key not in done for key, _ in jobs):
-            warm_up(engine, variants, questions[0], settings)
+            warm_up(engine, variants, questions[0], settings, reference)
         for slot, (key, question) in enumerate(jobs):  # the slot (variant order) does not depend on resuming
             if key in done:
                 rows.extend(done[key])
                 continue
-            new = run_conversation(engine, variants, question, key[2], key[3], settings, slot, bar)
+            new = run_conversation(engine, variants, question, key[2], key[3], settings, slot, bar, reference)
             if on_job:
                 on_job(key, new)
             rows.extend(new)

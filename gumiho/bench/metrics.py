@@ -6,6 +6,8 @@ Definitions (printed by the CLI and written into the results):
   speedup        per prompt, the method's tokens/s over AR's tokens/s on the same prompt, temperature and seed in
                  the same run (methods interleaved); then the mean of those ratios. tokens/s = new_tokens / wall
                  time of the whole generation, prefill included. vs_eagle2: the same against EAGLE-2.
+                 vs_transformers: the same against the fastest plain `transformers` `model.generate` row run on
+                 that prompt (transformers-fp32 / -bf16 / -fp16, whichever were benchmarked).
   accept_d       per-position acceptance: among cycles whose tree reached depth d, the share that accepted at
                  least d draft tokens. Trees differ in depth from cycle to cycle, so each depth has its own
                  denominator and the sequence need not fall (it does in practice).
@@ -86,11 +88,14 @@ def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: Gene
 
 
 def add_speedups(per_prompt: pd.DataFrame) -> pd.DataFrame:
-    """Add `speedup` (tokens/s over AR's) and `vs_eagle2` (over EAGLE-2's), each against the row of the same
-    dataset, question, turn, temperature and seed; NaN where that method did not run."""
-    out = per_prompt.drop(columns=["speedup", "vs_eagle2"], errors="ignore")
-    for reference, column in (("ar", "speedup"), ("eagle2", "vs_eagle2")):
-        ref = per_prompt[per_prompt["method"] == reference][KEYS + ["tokens_per_s"]]
+    """Add `speedup` (tokens/s over AR's), `vs_eagle2` (over EAGLE-2's) and `vs_transformers` (over the fastest
+    transformers reference), each against the rows of the same dataset, question, turn, temperature and seed;
+    NaN where that method did not run."""
+    out = per_prompt.drop(columns=["speedup", "vs_eagle2", "vs_transformers"], errors="ignore")
+    is_reference = per_prompt["method"].str.startswith("transformers-")
+    for rows, column in ((per_prompt["method"] == "ar", "speedup"), (per_prompt["method"] == "eagle2", "vs_eagle2"),
+                         (is_reference, "vs_transformers")):
+        ref = per_prompt[rows].groupby(KEYS, as_index=False)["tokens_per_s"].max()
         out = out.merge(ref.rename(columns={"tokens_per_s": "_ref"}), on=KEYS, how="left")
         out[column] = out["tokens_per_s"] / out.pop("_ref")
     return out
@@ -105,6 +110,7 @@ def summarize(per_prompt: pd.DataFrame, depths: int = DEPTHS) -> pd.DataFrame:
         tau=("tau", "mean"),
         speedup=("speedup", "mean"),
         vs_eagle2=("vs_eagle2", "mean"),
+        vs_transformers=("vs_transformers", "mean"),
         tokens_per_s=("tokens_per_s", "mean"),
         new_tokens=("new_tokens", "mean"),
         same_as_ar=("same_as_ar", lambda s: s.dropna().astype(float).mean()),

@@ -36,7 +36,9 @@ from .metrics import DEPTHS
 
 TITLES = {"mt_bench": "MT-Bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca", "sum": "CNN/DM",
           "qa": "Natural Qs", "mean": "Mean"}
-NAMES = {"ar": "AR (baseline)", "eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA"}
+NAMES = {"ar": "AR (baseline)", "eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA",
+         "transformers-fp32": "transformers generate fp32", "transformers-bf16": "transformers generate bf16",
+         "transformers-fp16": "transformers generate fp16"}
 SCHEMA_VERSION = 1
 
 
@@ -49,7 +51,8 @@ def _md(frame: pd.DataFrame) -> str:
 
 
 def speed_table(summary: pd.DataFrame, temperature: float) -> str:
-    """Rows: methods (AR excluded); columns: speed-up and tau for each task, and the mean."""
+    """Rows: methods (AR excluded); columns: speed-up over AR and tau for each task, and the mean; then the mean
+    tokens/s and the mean speed-up over plain `transformers` generate, where it was benchmarked."""
     rows = summary[(summary["temperature"] == temperature) & (summary["method"] != "ar")]
     datasets = list(dict.fromkeys(rows["dataset"]))
     table = []
@@ -60,6 +63,9 @@ def speed_table(summary: pd.DataFrame, temperature: float) -> str:
             title = TITLES.get(d, d)
             line[f"{title} speed-up"] = f"{by.at[d, 'speedup']:.2f}x"
             line[f"{title} τ"] = f"{by.at[d, 'tau']:.2f}"
+        if "vs_transformers" in by and by["vs_transformers"].notna().any():
+            line["tokens/s"] = f"{by.at['mean', 'tokens_per_s']:.1f}"
+            line["vs transformers"] = f"{by.at['mean', 'vs_transformers']:.2f}x"
         table.append(line)
     return _md(pd.DataFrame(table))
 
@@ -90,7 +96,7 @@ def detail_tables(summary: pd.DataFrame, temperature: float) -> dict[str, pd.Dat
     drafted = mean.drop(index=NAMES["ar"], errors="ignore")
     return {
         "throughput and time split (mean over tasks)": _fmt(mean[[
-            "tokens_per_s", "speedup", "vs_eagle2", "tau", "total_tokens", "top_k", "prefill_share", "draft_share",
+            "tokens_per_s", "speedup", "vs_eagle2", "vs_transformers", "tau", "total_tokens", "top_k", "prefill_share", "draft_share",
             "verify_share", "other_share"]].reset_index()),
         "per-position acceptance accept_d (mean over tasks)": _fmt(
             drafted[[f"accept_{d}" for d in range(1, DEPTHS + 1)]].reset_index()),
@@ -129,11 +135,20 @@ def markdown(result: dict, summary: pd.DataFrame, profile: pd.DataFrame) -> str:
                           "x one decode step": [t / cost["ms"][0] for t in cost["ms"]]})
     parts += [f"## Verification cost curve ({cost['device']}, {cost['threads']} threads, "
               f"KV length {cost['kv_length']})", _md(_fmt(curve))]
-    for method, choice in result["auto_tree"].items():
+    for method, choice in result["auto_tree"].items():  # runs made before the machine profile
         top = pd.DataFrame(choice["candidates"]).head(8)
         s = choice["settings"]
         parts += [f"## Automatic tree size, {NAMES.get(method, method)}: top_k {s['top_k']}, "
                   f"total_tokens {s['total_tokens']} (best predicted candidates)", _md(_fmt(top))]
+    if result.get("choice"):
+        choice = result["choice"]
+        lines = [f"- {NAMES.get(m, m)}: " + (f"top_k {c['tree']['top_k']}, total_tokens {c['tree']['total_tokens']}, "
+                                             if c["tree"] else "")
+                 + f"expected {c['tokens_per_s']:.1f} tokens/s ({c['speedup']:.2f}x AR)"
+                 + (f"; {c['note']}" if c["note"] else "") for m, c in choice["methods"].items()]
+        path = choice["path"]
+        parts += [f"## Automatic choice (machine profile): {path['dtype']}, {path['forward']} forward"
+                  + (", packed matmuls" if path["pack"] else ""), choice["reason"], "\n".join(lines)]
     return "\n\n".join(parts) + "\n"
 
 

@@ -10,7 +10,7 @@ from . import DTYPES, FORMATS, check_format, check_out, export_drafter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..__main__ import OneLineParser
+    from ..cli import OneLineParser
 
     p = OneLineParser(prog="python -m gumiho export", description=__doc__)
     p.add_argument("--drafter", required=True, help="our drafter folder (config.json + model.safetensors)")

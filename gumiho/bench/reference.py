@@ -1,0 +1,72 @@
+"""The honest baseline: plain `transformers` `model.generate` on the same model, as a user would run it.
+
+A fresh copy of the model in the asked dtype, loaded with no help from the engine (no lean forward, no packed
+matmuls), generating greedily (or sampling) from the same prompt ids with the same stop tokens. Its result is
+wrapped in a `GenerationTrace` (method "transformers-<dtype>", tau 1) so the bench's rows and tables treat it
+like any method.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from ..engine import sync_device
+from ..profile import DTYPES, SHORT
+from ..target import Target, model_folder
+from ..trace import GenerationTrace, RunSettings
+
+PREFIX = "transformers-"
+
+
+def reference_name(dtype: str) -> str:
+    return PREFIX + SHORT[dtype]
+
+
+def reference_dtype(name: str) -> str | None:
+    """'transformers-bf16' -> 'bfloat16'; None for a name that is not a reference variant."""
+    if not name.startswith(PREFIX):
+        return None
+    return next((d for d, short in SHORT.items() if short == name.removeprefix(PREFIX)), None)
+
+
+class TransformersReference:
+    """`model.generate` on plain copies of the target's model, one per dtype asked for (loaded on first use)."""
+
+    def __init__(self, target: Target, model: str | None):
+        self.target, self.folder = target, model_folder(model)
+        self.models: dict[str, PreTrainedModel] = {}
+
+    def model(self, dtype: str) -> PreTrainedModel:
+        if dtype not in self.models:
+            lm = AutoModelForCausalLM.from_pretrained(self.folder, dtype=DTYPES[dtype])
+            self.models[dtype] = lm.to(self.target.device).eval().requires_grad_(False)
+        return self.models[dtype]
+
+    @torch.inference_mode()
+    def generate(self, dtype: str, prompt: str, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 seed: int, chat: bool = True) -> GenerationTrace:
+        model, device = self.model(dtype), self.target.device
+        inputs = torch.tensor([prompt_ids], device=device)
+        sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature,
+                                                                    "top_p": 1.0, "top_k": 0}
+        torch.manual_seed(seed)
+        sync_device(device)
+        start = time.perf_counter()
+        out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
+                             eos_token_id=sorted(self.target.eos_ids), pad_token_id=self.target.tokenizer.pad_token_id
+                             or min(self.target.eos_ids), **sampling)
+        sync_device(device)
+        wall = time.perf_counter() - start
+        ids = out[0, inputs.shape[1]:].tolist()
+        finish = "eos" if ids and ids[-1] in self.target.eos_ids else "length"
+        settings = RunSettings(sampling={"temperature": temperature, "top_p": 1.0, "top_k": 0}, tree=None,
+                               fta_applied=False, max_new_tokens=max_new_tokens, chat=chat, seed=seed,
+                               device=device.type, threads=torch.get_num_threads(), dtype=dtype,
+                               forward="transformers")
+        return GenerationTrace(method=reference_name(dtype), model=self.target.name, prompt=prompt,
+                               prompt_tokens=len(prompt_ids), settings=settings, text=self.target.decode(ids),
+                               token_ids=ids, first_token=ids[0] if ids else -1, cycles=max(len(ids) - 1, 0),
+                               wall_s=wall, finish_reason=finish)
