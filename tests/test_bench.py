@@ -15,14 +15,15 @@ from app.bench import read_runs
 from gumiho.bench.__main__ import bench_settings, build_parser, execute
 from gumiho.bench.__main__ import main as bench_main
 from gumiho.bench.datasets import DATASETS, DEFAULT_DIR, load_questions
-from gumiho.bench.harness import VARIANTS, BenchSettings, make_variants, run_bench
+from gumiho.acceptance import Acceptance
+from gumiho.bench.harness import BenchSettings, make_variants, run_bench
 from gumiho.bench.metrics import acceptance_counts, add_speedups, prefix_agreement, prompt_row, summarize
-from gumiho.bench.tree_size import (
-    Calibration, CostCurve, accepted_prefix_ranks, auto_tree, calibrate, expected_tau, rank_candidates,
-)
+from gumiho.bench.reference import TransformersReference
+from gumiho.calibrate import accepted_prefix_ranks, calibrate
 from gumiho.engine import GenerationConfig
+from gumiho.profile import widest_tree
 from gumiho.sampling import SamplingConfig
-from gumiho.trace import CycleTrace, GenerationTrace, TraceNode
+from gumiho.trace import CycleTrace, GenerationTrace, RunSettings, TraceNode
 from gumiho.tree import TreeSettings
 
 from .conftest import tiny_engine
@@ -40,7 +41,8 @@ def cycle(accepted: int, depth: int, nodes: list[TraceNode] | None = None, path:
 
 def trace(new_tokens: int, cycles: int, wall_s: float, token_ids: list[int] | None = None) -> GenerationTrace:
     return GenerationTrace(method="gumiho", model="m", prompt="p", prompt_tokens=3,
-                           settings={"tree": {"top_k": 4, "total_tokens": 24}, "fta_applied": False},
+                           settings=RunSettings(sampling={}, tree={"top_k": 4, "total_tokens": 24}, fta_applied=False,
+                                                max_new_tokens=new_tokens, chat=True, seed=0, device="cpu", threads=1),
                            token_ids=token_ids or list(range(new_tokens)), cycles=cycles, wall_s=wall_s,
                            prefill_ms=10.0, finish_reason="length")
 
@@ -99,7 +101,7 @@ def test_speedup_is_the_mean_of_per_prompt_ratios_and_mean_row_averages_datasets
     assert summary.at[("ar", "mean"), "speedup"] == 1.0 and summary.at[("gumiho", "mean"), "prompts"] == 3
 
 
-# --- automatic tree size ---------------------------------------------------------------------------------------------
+# --- acceptance statistics (the automatic tree's input) ----------------------------------------------------------
 
 def test_accepted_prefix_ranks_follow_the_score_order():
     scores = [0.0, -0.1, -0.5, -0.2, -0.3, -0.2]  # ranks by score (ties: lower id first): 1, 3, 5, 4, 2
@@ -107,72 +109,45 @@ def test_accepted_prefix_ranks_follow_the_score_order():
     c = cycle(3, 3, nodes=nodes, path=[0, 3, 2, 5])  # ranks 1, 4, 2 -> running max 1, 4, 4
     assert accepted_prefix_ranks(c) == [1, 4, 4]
     # A tree of n nodes keeps the n - 1 best: n = 3 keeps ranks 0-1 (one accepted), n = 6 keeps all three.
-    assert [expected_tau([[1, 4, 4]], n) for n in (2, 3, 5, 6)] == [1.0, 2.0, 2.0, 4.0]
-
-
-def synthetic_cost() -> CostCurve:
-    # Flat (memory-bound) up to 16 tokens, then 4 ms per extra token.
-    return CostCurve(device="cpu", threads=2, kv_length=300, sizes=[1, 8, 16, 24, 32, 48],
-                     ms=[50.0, 60.0, 60.0, 92.0, 124.0, 188.0])
-
-
-def test_auto_tree_choice_on_a_synthetic_cost_curve():
-    base = TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)
-    narrow = Calibration(settings=base, prefix_ranks=[[0, 2, 9, 20]] * 3 + [[0, 30]], draft_ms=20.0, other_ms=0.0)
-    # tau(n) for k = 4: n=8 -> 1 + (3*2+1)/4 = 2.75; 16 -> 1 + (3*3+1)/4 = 3.5; 24 -> 4.25; 32 -> 4.5 (pool caps at 39)
-    wide = Calibration(settings=TreeSettings(top_k=6, depth=6, total_tokens=24, mlptopk=6, pruning=6),
-                       prefix_ranks=[[0, 1, 2, 3]] * 4, draft_ms=60.0, other_ms=0.0)  # tau 5 from n = 8, but costly
-    ranked = rank_candidates(synthetic_cost(), [narrow, wide], sizes=(8, 16, 24, 32, 48), method="gumiho")
-    best = ranked[0]
-    # k=4: 8 -> 2.75/80, 16 -> 3.5/80 = 43.75/s, 24 -> 4.25/112, 32 -> 4.5/144; k=6: 8 -> 5/120 = 41.7/s.
-    assert (best.top_k, best.total_tokens) == (4, 16)
-    assert best.tokens_per_s == pytest.approx(1e3 * 3.5 / 80) and best.speedup == pytest.approx(3.5 * 50 / 80)
-    assert all(c.total_tokens <= 39 for c in ranked if c.top_k == 4)  # the pool of 2k + 5 * pruning = 38 nodes
-    # A flat cost curve (a GPU) makes the biggest tree the best.
-    flat = CostCurve(device="cuda", threads=1, kv_length=300, sizes=[1, 48], ms=[10.0, 10.0])
-    assert rank_candidates(flat, [narrow], sizes=(8, 16, 24, 32), method="gumiho")[0].total_tokens == 32
+    assert [Acceptance({4: [[1, 4, 4]]}).tau(4, n) for n in (2, 3, 5, 6)] == [1.0, 2.0, 2.0, 4.0]
 
 
 def test_counterfactual_tau_matches_real_smaller_trees():
-    """The first cycle's accepted length with total_tokens = n equals the one predicted from the largest tree."""
+    """The first cycle's accepted length with total_tokens = n equals the one predicted from the widest tree."""
     engine = tiny_engine()
     prompt = "w3 w5 w1 w9"
-    for method, big in (("gumiho", TreeSettings(4, 6, 39, 6, 6)), ("eagle2", TreeSettings(4, 3, 48))):
-        cal = calibrate(engine, method, big, prompts=(prompt,), max_new_tokens=2)
-        first = cal.prefix_ranks[0]
+    for method in ("gumiho", "eagle2"):
+        acceptance = calibrate(engine, method, top_ks=(4,), prompts=(prompt,), max_new_tokens=2, progress=False)
+        first = acceptance.prefix_ranks[4][0]
+        widest = widest_tree(method, TreeSettings.default(method), 4)
         for n in (2, 4, 8, 16, 24):
             config = GenerationConfig(max_new_tokens=64, sampling=SamplingConfig(temperature=0.0), trace=False,
-                                      tree=TreeSettings(big.top_k, big.depth, n, big.mlptopk, big.pruning))
+                                      tree=TreeSettings(**{**widest.to_dict(), "total_tokens": n}))
             real = next(iter(engine.run(prompt, method, config)))
             assert real.accept_length == sum(r < n - 1 for r in first), (method, n)
 
 
-def test_auto_tree_on_the_tiny_engine_returns_a_valid_tree():
-    engine = tiny_engine()
-    base = TreeSettings.default("gumiho")
-    choice = auto_tree(engine, "gumiho", base, cost=synthetic_cost(), top_ks=(3, 4), sizes=(8, 16, 24),
-                       prompts=("w1 w2 w3",), max_new_tokens=8, progress=False)
-    choice.settings.validate("gumiho")
-    assert (choice.settings.top_k, choice.settings.total_tokens) == (choice.candidates[0].top_k,
-                                                                   choice.candidates[0].total_tokens)
-    assert {c.top_k for c in choice.candidates} == {3, 4} and len(choice.table()) == 6
-
-
-def test_generate_cli_total_tokens_auto(monkeypatch, tmp_path, capsys):
+def test_generate_cli_prints_the_automatic_choice_and_flags_override_it(monkeypatch, capsys):
     from gumiho import loader
     from gumiho.__main__ import main
-    from gumiho.bench import tree_size
+    from gumiho.choice import choose
 
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
-    monkeypatch.setattr(loader, "build_engine", lambda *a, **k: tiny_engine())
-    real = tree_size.auto_tree
-    monkeypatch.setattr(tree_size, "auto_tree", lambda engine, method, base, **k: real(
-        engine, method, base, cost=synthetic_cost(), sizes=(8, 16), prompts=("w1 w2",), max_new_tokens=4, **k))
-    for _ in range(2):  # the second call reads the cache
-        assert main(["generate", "--prompt", "w1 w2", "--method", "eagle2", "--total-tokens", "auto",
-                     "--tree-top-k", "3", "--max-new-tokens", "4"]) == 0
-        assert "[auto tree] top_k 3, total_tokens " in capsys.readouterr().err  # and the predicted speed-up
-    assert len(json.loads((tmp_path / "auto_tree.json").read_text())) == 1
+    from .test_profile import deep_acceptance, flat_profile
+
+    engine = tiny_engine()
+    engine.choice = choose(flat_profile("float32"), ["ar", "eagle2", "gumiho"], "gumiho",
+                           {"eagle2": deep_acceptance(), "gumiho": deep_acceptance()}, "cpu")
+    monkeypatch.setattr(loader, "build_engine", lambda *a, **k: engine)
+    chosen = engine.choice.methods["eagle2"].tree
+    assert main(["generate", "--prompt", "w1 w2", "--method", "eagle2", "--max-new-tokens", "4", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "[auto] fp32, lean forward, EAGLE-2 tree" in err
+    record = json.loads(out)
+    assert record["settings"]["tree"] == chosen.to_dict() and record["settings"]["choice"].startswith("fp32")
+    assert main(["generate", "--prompt", "w1 w2", "--method", "eagle2", "--max-new-tokens", "4", "--json",
+                 "--total-tokens", "5"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["settings"]["tree"] == {**chosen.to_dict(), "total_tokens": 5}
 
 
 def test_the_six_benchmark_sets_ship_with_the_repository():
@@ -187,7 +162,8 @@ def test_the_six_benchmark_sets_ship_with_the_repository():
 
 def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
     argv = ["--datasets", "mt_bench", "gsm8k", "--limit", "1", "--max-new-tokens", "8", "--out", str(tmp_path),
-            "--name", "tiny", "--cost-repeats", "1", "--no-progress", "--total-tokens", "16"]
+            "--name", "tiny", "--cost-repeats", "1", "--no-progress", "--total-tokens", "16",
+            "--methods", "ar", "eagle2", "gumiho", "gumiho+fta"]
     args = build_parser().parse_args(argv)
     paths = execute(tiny_engine(), args, argv, bench_settings(args))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -223,7 +199,8 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
 
     engine = tiny_engine()
     argv = ["--datasets", "mt_bench", "gsm8k", "--limit", "2", "--max-new-tokens", "6", "--name", "run",
-            "--cost-repeats", "1", "--no-progress", "--no-profile", "--total-tokens", "auto", "--tree-top-k", "2"]
+            "--cost-repeats", "1", "--no-progress", "--no-profile", "--total-tokens", "auto", "--tree-top-k", "2",
+            "--methods", "ar", "eagle2", "gumiho", "gumiho+fta"]
 
     def bench(out: Path, *extra: str) -> dict[str, Path]:
         args = build_parser().parse_args(argv + ["--out", str(out), *extra])
@@ -257,7 +234,7 @@ def test_a_stopped_run_resumes_from_its_journal_and_matches_an_uninterrupted_run
     assert progress.summary.set_index(["method", "dataset"]).at[("ar", "mt_bench"), "prompts"] == 2
     assert "| Method | MT-Bench speed-up | MT-Bench τ | Mean speed-up | Mean τ |" in progress.report
     done = "2 of 4 conversations done (mt_bench: 2/2, gsm8k: 0/2); "
-    assert done in progress.notes[0] and "--tree-top-k 2 --resume`." in progress.notes[0]
+    assert done in progress.notes[0] and "gumiho+fta --resume`." in progress.notes[0]
     assert bench_main(argv + ["--out", str(out), "--status"]) == 0  # the same from the command line, with the table
     printed = capsys.readouterr().out
     assert done in printed and "about " in printed and "| Gumiho + FTA |" in printed
@@ -297,13 +274,31 @@ def test_run_matrix_both_turns_temperatures_and_seeds(tmp_path):
     settings = BenchSettings(datasets=[str(data)], max_new_tokens=4, temperatures=(0.0, 1.0), seeds=(0, 1),
                              warmup=0, both_turns=True)
     trees = {m: TreeSettings.default(m) for m in ("eagle2", "gumiho")}
-    rows = run_bench(engine, make_variants(list(VARIANTS), trees), settings, progress=False)
+    names = ["ar", "eagle2", "gumiho", "gumiho+fta"]
+    rows = run_bench(engine, make_variants(names, trees), settings, progress=False)
     runs = rows.groupby(["temperature", "seed", "turn"])["method"].apply(sorted).to_dict()
     # T = 0 runs once (greedy ignores the seed) with FTA; T = 1 runs per seed, without the FTA variant.
-    assert runs == {(0.0, 0, 1): sorted(VARIANTS), (0.0, 0, 2): sorted(VARIANTS),
+    assert runs == {(0.0, 0, 1): sorted(names), (0.0, 0, 2): sorted(names),
                     **{(1.0, s, t): ["ar", "eagle2", "gumiho"] for s in (0, 1) for t in (1, 2)}}
     assert set(rows["dataset"]) == {"two"} and rows[rows["temperature"] == 1.0]["same_as_ar"].isna().all()
     assert rows[(rows["temperature"] == 0.0) & (rows["method"].isin(["eagle2", "gumiho"]))]["same_as_ar"].all()
+
+
+def test_plain_transformers_generate_rows_equal_ar_and_give_vs_transformers():
+    engine = tiny_engine(seed=4)
+    reference = TransformersReference(engine.target, None)  # the tiny model has no folder to load from
+    trees = {m: TreeSettings.default(m) for m in ("eagle2", "gumiho")}
+    variants = make_variants(["transformers", "ar", "gumiho"], trees, "float32")
+    assert [v.name for v in variants] == ["transformers-fp32", "ar", "gumiho"]
+    settings = BenchSettings(datasets=["mt_bench"], limit=2, max_new_tokens=12, warmup=0)
+    rows = add_speedups(run_bench(engine, variants, settings, progress=False, reference=reference))
+    plain = rows[rows["method"] == "transformers-fp32"]
+    assert len(plain) == 2 and plain["same_as_ar"].all() and (plain["tau"] == 1.0).all()
+    assert (plain["vs_transformers"] == 1.0).all()
+    spec = rows[rows["method"] == "gumiho"].set_index("question_id")
+    ref = plain.set_index("question_id")
+    assert (spec["vs_transformers"] == spec["tokens_per_s"] / ref["tokens_per_s"]).all()
+    assert summarize(rows)["vs_transformers"].notna().all()
 
 
 @pytest.mark.parametrize("args,message", [
@@ -341,7 +336,7 @@ def test_cli_on_the_real_model(tmp_path):
 def test_engine_check_reports_ratios_on_the_tiny_engine():
     from gumiho.bench.engine_check import check
 
-    result = check(tiny_engine(), max_new_tokens=6, rounds=1, prompts=("w1 w2", "w3 w4 w5"))
+    result = check(tiny_engine(), max_new_tokens=6, rounds=1, prompts=("w1 w2", "w3 w4 w5"), model=None)
     assert result["runs"] == 2 and result["device"] == "cpu"
     assert result["ar_over_generate"] > 0 and result["ar_tokens_per_s"] > 0
     assert math.isfinite(result["tracing_overhead"]) and result["tracing_overhead"] > -1

@@ -137,7 +137,8 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     from .metrics import __doc__ as metric_doc
     from .report import speed_table, write
     from .cost_curve import CostCurve, measure_cost_curve
-    from .reference import TransformersReference
+    from ..target import DEFAULT_MODEL
+    from .reference import TransformersReference, reference_dtype
 
     target = engine.target
     name = run_name(args, target.device.type)
@@ -161,7 +162,8 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
         cost = CostCurve(**journal.setup["cost_curve"])
         trees = {m: TreeSettings(**t) for m, t in journal.setup["trees"].items()}
         variants = make_variants(args.methods, trees, str(target.dtype).removeprefix("torch."))
-        reference = TransformersReference(target, args.model)
+        needs_reference = any(reference_dtype(v.name) for v in variants)
+        reference = TransformersReference(target, args.model or DEFAULT_MODEL) if needs_reference else None
         per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress, done=journal.done,
                                             on_job=lambda key, rows: journal.record(key, rows, load.take()),
                                             reference=reference))

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from ..engine import Engine, GenerationConfig
+from ..target import DEFAULT_MODEL
 
 PROMPTS = (
     "Explain why the sky is blue to a ten-year-old.",
@@ -26,11 +27,11 @@ PROMPTS = (
 
 
 def check(engine: Engine, max_new_tokens: int, rounds: int, prompts: tuple[str, ...] = PROMPTS,
-          method: str = "gumiho") -> dict:
+          method: str = "gumiho", model: str | None = DEFAULT_MODEL) -> dict:
     """Ratios per prompt, then averaged: AR loop over `model.generate`, traced over untraced cycle time - 1."""
     from .reference import TransformersReference
 
-    reference = TransformersReference(engine.target, engine.target.name)
+    reference = TransformersReference(engine.target, model)
     dtype = str(engine.target.dtype).removeprefix("torch.")
     ar_over_generate, overhead, ar_rates = [], [], []
     traced = GenerationConfig(max_new_tokens=max_new_tokens)

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..engine import sync_device
+from ..errors import GumihoError
 from ..profile import DTYPES, SHORT
 from ..target import Target, model_folder
 from ..trace import GenerationTrace, RunSettings
@@ -33,14 +34,22 @@ def reference_dtype(name: str) -> str | None:
 
 
 class TransformersReference:
-    """`model.generate` on plain copies of the target's model, one per dtype asked for (loaded on first use)."""
+    """`model.generate` on plain copies of the target's model, one per dtype asked for (loaded on first use).
+
+    `model`: the name or folder the target was loaded from; None reuses the target's own model object in its
+    dtype (for models that exist only in memory, as in tests)."""
 
     def __init__(self, target: Target, model: str | None):
-        self.target, self.folder = target, model_folder(model)
+        self.target = target
+        self.folder = model_folder(model) if model is not None else None
         self.models: dict[str, PreTrainedModel] = {}
+        if self.folder is None:
+            self.models[str(target.dtype).removeprefix("torch.")] = target.model
 
     def model(self, dtype: str) -> PreTrainedModel:
         if dtype not in self.models:
+            if self.folder is None:
+                raise GumihoError(f"no {dtype} copy of {self.target.name} to compare with")
             lm = AutoModelForCausalLM.from_pretrained(self.folder, dtype=DTYPES[dtype])
             self.models[dtype] = lm.to(self.target.device).eval().requires_grad_(False)
         return self.models[dtype]
@@ -55,9 +64,13 @@ class TransformersReference:
         torch.manual_seed(seed)
         sync_device(device)
         start = time.perf_counter()
+        eos = sorted(self.target.eos_ids)
+        if not eos:  # stop where the engine stops: nowhere but max_new_tokens
+            model.generation_config.eos_token_id = None
+        pad = self.target.tokenizer.pad_token_id
         out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                             eos_token_id=sorted(self.target.eos_ids), pad_token_id=self.target.tokenizer.pad_token_id
-                             or min(self.target.eos_ids), **sampling)
+                             eos_token_id=eos or None, pad_token_id=eos[0] if pad is None and eos else pad or 0,
+                             **sampling)
         sync_device(device)
         wall = time.perf_counter() - start
         ids = out[0, inputs.shape[1]:].tolist()
