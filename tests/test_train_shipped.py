@@ -13,7 +13,7 @@ from gumiho.engine import GenerationConfig
 from gumiho.loader import SHIPPED
 from gumiho.target import DEFAULT_MODEL
 
-# SmolLM2-135M-Instruct (docs: ../shared/spec/platform.md): the shape every drafter for it must have.
+# SmolLM2-135M-Instruct (its config.json): the shape every drafter for it must have.
 DEFAULT_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
                  "vocab_size": 49152, "rope_theta": 100000.0}
 LAYERS = {"eagle2": 1, "gumiho": 2}
