@@ -56,7 +56,7 @@ def failure(exc: Exception) -> str:
     """The visible message for an exception: the visitor's mistake as is (escaped), anything else as a short
     apology (the exception goes to the log, not to the page)."""
     if isinstance(exc, GumihoError):
-        message = f"⚠ {html.escape(str(exc))}"
+        message = f"⚠ {html.escape(str(exc), quote=False)}"
     else:
         log.exception("handler failed")
         message = "⚠ Something went wrong. The app is still running: try again."
@@ -67,7 +67,7 @@ def failure(exc: Exception) -> str:
 def refuse(endpoint: str, exc: WrongType) -> gr.Error:
     """An API call with a value of the wrong type: one log line, and the reason for the caller."""
     log.warning("refused a call to %s: %s", endpoint, exc)
-    return gr.Error(html.escape(str(exc)), print_exception=False)
+    return gr.Error(html.escape(str(exc), quote=False), print_exception=False)
 
 
 def ending(control: Control, trace: GenerationTrace | None, limits: Limits, done: bool) -> str:
@@ -200,7 +200,7 @@ class Handlers:
             try:
                 validate.number(allowed, value)
             except InvalidInput as exc:
-                return {message: f"⚠ {html.escape(str(exc))}; it is set to the nearest allowed value."}
+                return {message: f"⚠ {html.escape(str(exc), quote=False)}; it is set to the nearest allowed value."}
             return {}
         return check
 
@@ -357,7 +357,7 @@ def tau_calculator(text: str) -> tuple[str, go.Figure | Any]:
     try:
         chain = Chain.parse(text)
     except ValueError as exc:
-        return f"⚠ {html.escape(str(exc))}", gr.skip()
+        return f"⚠ {html.escape(str(exc), quote=False)}", gr.skip()
     terms, grads = chain.terms(), chain.gradient()
     best = max(range(len(grads)), key=grads.__getitem__) + 1
     summary = (f"**τ_draft = {chain.tau:.3f}** accepted draft tokens per cycle, so **{1 + chain.tau:.3f}** tokens "

@@ -219,9 +219,10 @@ class Sessions:
                     self._controls.pop(session, None)
 
     def busy(self, session: str) -> bool:
-        """Whether the session has a run waiting in the queue or running."""
+        """Whether the session has a run waiting in the queue or running that Stop has not yet ended (after Stop,
+        a new run may queue behind the one finishing its cycle)."""
         with self._lock:
-            return bool(self._controls.get(session))
+            return any(not control.stopped for control in self._controls.get(session, []))
 
     def stop(self, session: str) -> bool:
         """Stop every run of the session, queued or running; False if there is none."""

@@ -42,9 +42,9 @@ class Range:
     high: float
     integer: bool = True
 
-    def text(self) -> str:
+    def text(self, joiner: str = "to") -> str:
         high = "2^63-1" if self.high == SEED_MAX else f"{self.high:g}"
-        return f"{self.low:g} to {high}"
+        return f"{self.low:g} {joiner} {high}"
 
 
 FIELDS = {
@@ -92,7 +92,8 @@ def number(range_: Range, value: Any) -> float | int:
     if range_.integer and value != int(value):
         raise InvalidInput(f"{range_.label} must be a whole number ({range_.text()}), got {value:g}")
     if not range_.low <= value <= range_.high:
-        raise InvalidInput(f"{range_.label} must be between {range_.text()}, got {value:g}")
+        shown = excerpt(value) if isinstance(value, int) else f"{value:g}"
+        raise InvalidInput(f"{range_.label} must be between {range_.text('and')}, got {shown}")
     return int(value) if range_.integer else float(value)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from types import SimpleNamespace
 
@@ -483,3 +484,79 @@ def test_switching_method_keeps_every_tree_field_in_range():
     eagle = {name: handlers.method_defaults("eagle2")[box] for name, box in boxes.items()}
     assert eagle["mlptopk"] == {"__type__": "update", "interactive": False}
     assert eagle["depth"]["value"] == 5 and eagle["depth"]["interactive"]
+
+
+# ---------------------------------------------------------------------------------------------- input checks
+
+
+def test_numbers_are_checked_against_their_field_and_range():
+    from app.validate import FIELDS, WrongType, number, numbers
+
+    assert numbers(Limits(), seed=2**63 - 1, top_p=0.5, max_new_tokens=512.0) == {
+        "seed": 2**63 - 1, "top_p": 0.5, "max_new_tokens": 512}
+    for value, expected in [(2**80, "seed must be between 0 and 2^63-1"), (float("nan"), "finite"),
+                            (float("inf"), "finite"), (1.5, "whole number"), (-1, "between")]:
+        with pytest.raises(InvalidInput, match=re.escape(expected)):
+            number(FIELDS["seed"], value)
+    for value in ("1", None, True, [1]):
+        with pytest.raises(WrongType, match="seed must be a number"):
+            number(FIELDS["seed"], value)
+    with pytest.raises(InvalidInput, match="max new tokens must be between 1 and 64, got 65"):
+        numbers(Limits(max_new_tokens=64), max_new_tokens=65)
+
+
+def test_uploads_are_read_with_a_nesting_limit(tmp_path):
+    from app.validate import json_depth
+
+    assert json_depth('{"a": [1, {"b": "[[[["}]}') == 3  # brackets inside strings do not count
+    assert json_depth(gumiho_trace().to_json()) <= 6
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInput, match="nests more than 16 levels"):
+        read_trace(deep)
+
+
+def test_text_from_a_trace_is_escaped_in_markdown_and_html():
+    trace = gumiho_trace()
+    trace.drafter = "<img src=x onerror=alert(1)>`*x*`"
+    trace.steps[0].nodes[1].source = '"><script>alert(1)</script>'
+    summary = render.trace_summary(trace)
+    assert "<img" not in summary and "&lt;img" in summary and "\\`" in summary
+    assert "<script>" not in render.output_html(trace) and "<script>" not in render.legend_html(trace)
+    assert "<script>" not in render.cycle_markdown(trace.steps[0])
+
+
+def test_special_tokens_are_hidden_in_the_text_but_kept_in_the_trace():
+    trace = gumiho_trace()
+    trace.steps[-1].bonus_text = "<|im_end|>"
+    trace.finish_reason = "eos"
+    tokens = analysis.output_tokens(trace)
+    assert tokens[-1].special and not any(t.special for t in tokens[:-1])
+    assert "im_end" not in render.output_html(trace)
+    assert trace.token_ids[-1] == trace.steps[-1].emitted[-1]
+
+
+def test_a_stopped_race_without_ar_compares_with_nothing():
+    eagle = gumiho_trace()
+    eagle.method, eagle.finish_reason = "eagle2", "stopped"
+    texts = render.race_texts_html([eagle])
+    assert "the target's own" not in texts and "AR did not run" in texts and "(stopped)" in texts
+
+
+def test_tree_labels_have_room_above_the_top_row():
+    fig = figures.tree_figure(gumiho_trace().steps[0])
+    bottom, top = fig.layout.yaxis.range
+    assert top <= -0.8 and bottom > max(y for t in fig.data for y in (t.y or ()) if y is not None)
+
+
+def test_the_calculator_legend_has_no_raw_latex():
+    fig = figures.chain_figure([0.8, 0.64], [1.8, 1.0])
+    assert all("_{" not in t.name and "p_" not in t.name for t in fig.data)
+
+
+def test_after_stop_the_visitor_may_start_again():
+    sessions = Sessions()
+    sessions.reserve("a")
+    assert sessions.busy("a") and not sessions.busy("b")
+    sessions.stop("a")
+    assert not sessions.busy("a")
