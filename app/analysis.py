@@ -55,9 +55,8 @@ def output_tokens(trace: GenerationTrace) -> list[Token]:
     tokens = [Token(token_id=trace.first_token, text=root, cycle=-1, source="prefill")]
     for cycle in trace.steps:
         tokens.extend(cycle_tokens(cycle))
-    last = len(tokens) - 1
-    return [replace(t, special=SPECIAL_TEXT.fullmatch(t.text) is not None or (i == last and trace.finish_reason == "eos"))
-            for i, t in enumerate(tokens)]
+    ended = len(tokens) - 1 if trace.finish_reason == "eos" else None  # the end-of-turn token, however it decodes
+    return [replace(t, special=i == ended or SPECIAL_TEXT.fullmatch(t.text) is not None) for i, t in enumerate(tokens)]
 
 
 def token_ids(trace: GenerationTrace) -> list[int]:

@@ -24,5 +24,6 @@ class Blocks(gr.Blocks):
         except Exception as exc:  # Gradio's own messages name the event and the component; the first line suffices
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.warning("refused a call to /%s: %s", block_fn.api_name or block_fn.name, reason)
-            raise gr.Error(f"invalid input for /{block_fn.api_name or block_fn.name}: {html.escape(reason, quote=False)}",
+            endpoint = block_fn.api_name or block_fn.name
+            raise gr.Error(f"invalid input for /{endpoint}: {html.escape(reason, quote=False)}",
                            print_exception=False) from None

@@ -33,7 +33,7 @@ LABEL_ROOM = 0.9  # rows above the top row, so its labels stay inside the plot
 
 def _label(text: str, width: int = 10) -> str:
     """A token as Plotly text: Plotly reads a subset of HTML, so a token like "<br>" must be escaped to show."""
-    return html.escape(token_label(text, width))
+    return html.escape(token_label(text, width), quote=False)
 
 
 def _base_layout(fig: go.Figure, title: str, height: int) -> go.Figure:
@@ -104,7 +104,8 @@ def fta_segments(cycle: CycleTrace) -> list[tuple[int, int]]:
 
 
 def _node_hover(node: TraceNode, accepted: bool) -> str:
-    lines = [f"<b>{_label(node.text, 24)}</b>", f"head: {html.escape(node.source)}", f"depth: {node.depth}"]
+    head = html.escape(node.source, quote=False)
+    lines = [f"<b>{_label(node.text, 24)}</b>", f"head: {head}", f"depth: {node.depth}"]
     if node.parent >= 0:
         lines.append(f"score (cum. log q): {node.score:.2f}  (q ≈ {math.exp(node.score):.3f})")
     lines.append(f"node {node.id}" + (" · accepted" if accepted else ""))
@@ -142,7 +143,7 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
             x=[pos[n.id][0] for n in group],
             y=[pos[n.id][1] for n in group],
             mode="markers+text",
-            name=html.escape(source_name(source)),
+            name=html.escape(source_name(source), quote=False),
             text=[_label(n.text) for n in group],
             textposition="top center",
             customdata=[n.id for n in group],
@@ -176,7 +177,7 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
     if title is None:
         title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
                  f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
-    _base_layout(fig, html.escape(title), int(150 + ROW_PX * leaves))
+    _base_layout(fig, html.escape(title, quote=False), int(150 + ROW_PX * leaves))
     return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, x=1.01), margin=dict(t=40))
 
 
@@ -248,7 +249,8 @@ def chain_figure(terms: list[float], gradient: list[float]) -> go.Figure:
     """The τ calculator: P(first k draft tokens accepted) per k, and how much τ gains per unit of p_k."""
     ks = list(range(1, len(terms) + 1))
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=ks, y=terms, name="p<sub>1</sub>·…·p<sub>k</sub>  (term k of τ)", marker_color="#60a5fa"))
+    fig.add_trace(go.Bar(x=ks, y=terms, name="p<sub>1</sub>·…·p<sub>k</sub>  (term k of τ)",
+                         marker_color="#60a5fa"))
     fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p<sub>k</sub>  (value of improving position k)",
                              mode="lines+markers", line=dict(color="#e76f51", width=3)))
     fig.update_xaxes(title="draft position k", dtick=1)

@@ -66,8 +66,7 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                 with gr.Row():
                     with gr.Column(scale=3):
                         prompt = gr.Textbox(label="Prompt", lines=3,
-                                            value=explore_trace.prompt if explore_trace else PROMPTS[0],
-                                            info=f"up to {limits.max_prompt_tokens:,} tokens")
+                                            value=explore_trace.prompt if explore_trace else PROMPTS[0])
                         gr.Examples([[p] for p in PROMPTS], inputs=[prompt], label="Example prompts")
                     with gr.Column(scale=2):
                         method = gr.Radio(METHOD_CHOICES, value="gumiho", label="Method")
@@ -75,7 +74,7 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                         max_new = _slider("max_new_tokens", min(64, limits.max_new_tokens), "Max new tokens", limits)
                         with gr.Accordion("Advanced: sampling and draft tree", open=False):
                             top_p = _slider("top_p", 1, "top-p", limits, 0.05)
-                            seed = gr.Number(value=0, precision=0, label="Seed", info=f"{FIELDS['seed'].text()}")
+                            seed = gr.Number(value=0, precision=0, label=f"Seed ({FIELDS['seed'].text()})")
                             tree = _tree_inputs(limits)
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary")
@@ -111,8 +110,7 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                 with gr.Row():
                     with gr.Column(scale=3):
                         race_prompt = gr.Textbox(label="Race prompt", lines=2,
-                                                 value=first.prompt if first else PROMPTS[0],
-                                                 info=f"up to {limits.max_prompt_tokens:,} tokens")
+                                                 value=first.prompt if first else PROMPTS[0])
                         gr.Examples([[p] for p in PROMPTS], inputs=[race_prompt], label="Example prompts")
                     with gr.Column(scale=2):
                         race_temperature = _slider("temperature", 0, "Temperature", limits, 0.05)

@@ -5,6 +5,7 @@ Screenshots of each step go to artifacts/screenshots/ (git-ignored).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -94,7 +95,7 @@ def test_generate_streams_and_draws_the_tree(page):
     page.get_by_role("button", name="Generate", exact=True).click()
     page.get_by_text("Done.", exact=True).wait_for(timeout=LONG_MS)
     page.get_by_text("Model ready", exact=False).first.wait_for()
-    assert page.get_by_text(re.compile(r"on device \w+ · drafters: EAGLE-2 .+ · Gumiho ")).count() == 1
+    assert page.get_by_text(re.compile(r"on device \w+ · drafters: EAGLE-2 .+, Gumiho ")).count() == 1
     results = page.get_by_text(re.compile(r"Gumiho · \d+ tokens in \d+ cycles"))
     assert results.count() == 1, "the result line is shown once"
     summary = results.first.inner_text()
@@ -129,6 +130,7 @@ def test_a_second_generate_while_one_runs_says_so(page):
     generate.click()
     message(page, "A run is in progress: Stop it first.").wait_for()
     shot(page, "issue15-2-run-in-progress")
+    page.locator('.gm-output .gm-cycle[data-cycle="2"]').wait_for(timeout=LONG_MS)  # cycles for the scrubber below
     page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first.click()
     page.get_by_text("Stopped.", exact=True).wait_for(timeout=LONG_MS)
     set_number(page, "Max new tokens", 12)
@@ -172,6 +174,24 @@ def test_a_stopped_race_does_not_compare_with_a_missing_ar_text(page):
     shot(page, "issue15-7-stopped-race-caption")
 
 
+def test_a_prompt_over_the_limit_and_a_script_in_a_file_get_plain_messages(page, tmp_path):
+    prompt = page.get_by_label("Prompt", exact=True)
+    prompt.fill("word " * 3000)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    message(page, "tokens; this app accepts at most 2,048").wait_for(timeout=LONG_MS)
+    shot(page, "issue15-3-prompt-limit")
+    prompt.fill("Name three fruits.")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"schema": 1, "method": "<img src=x onerror=alert(1)>", "model": "m",
+                                  "prompt": "p", "prompt_tokens": 1, "settings": {}}))
+    with page.expect_file_chooser() as chooser:
+        page.get_by_role("button", name="Replay a trace (JSON)", exact=True).click()
+    chooser.value.set_files(str(script))
+    message(page, "unknown method '<img src=x onerror=alert(1)>'").wait_for()
+    assert page.locator(".gm-message img").count() == 0
+    shot(page, "issue19-4-escaped-upload")
+
+
 def test_race_runs_the_three_methods(page):
     tab(page, "Race")
     page.get_by_label("Race prompt", exact=True).fill("Name three fruits.")
@@ -191,10 +211,10 @@ def test_lesson_calculator_and_benchmarks_tab(page):
     box = page.get_by_label("Acceptance probabilities p_1, p_2, … (0 to 1)", exact=True)
     box.fill("0.8, 0.8, 0.8")
     page.get_by_text(re.compile(r"τ_draft = 1\.952")).wait_for()
-    legend = page.locator(".js-plotly-plot").filter(has_text="term k of τ").first.locator(".legendtext").all_inner_texts()
+    calculator = page.locator(".js-plotly-plot").filter(has_text="term k of τ").first
+    legend = calculator.locator(".legendtext").all_inner_texts()
     assert legend and not any("_{" in text or "Π" in text for text in legend), legend
-    page.locator(".js-plotly-plot").filter(has_text="term k of τ").first.screenshot(
-        path=str(SHOTS / "issue15-9-calculator-legend.png"))
+    calculator.screenshot(path=str(SHOTS / "issue15-9-calculator-legend.png"))
     box.fill("0.8, oops")
     page.get_by_text(re.compile(r"^⚠ use numbers between 0 and 1")).wait_for()
     shot(page, "6-lesson")
