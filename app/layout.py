@@ -165,7 +165,7 @@ def _check_ranges(handlers: Handlers, message: gr.Markdown, boxes: dict[str, gr.
     """A message as soon as a number typed into a slider's box is out of range (the page would clamp it silently)."""
     for name, box in boxes.items():
         box.input(handlers.range_check(name, message), [box], [message], trigger_mode="always_last",
-                  show_progress="hidden", api_visibility="private")
+                  show_progress="hidden", api_visibility="private", preprocess=False)  # the raw, unclamped value
 
 
 def _wire(handlers: Handlers, demo: gr.Blocks, method: gr.Radio, explore_inputs: list, race_inputs: list,
