@@ -201,7 +201,7 @@ class Handlers:
                 validate.number(allowed, value)
             except InvalidInput as exc:
                 return {message: f"⚠ {html.escape(str(exc), quote=False)}; it is set to the nearest allowed value."}
-            return {}
+            return {message: gr.skip()}
         return check
 
     # Explore ---------------------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ class Handlers:
 
     def show_cycle(self, trace: GenerationTrace | None, cycle: float) -> dict:
         if trace is None or not trace.steps:
-            return {}
+            return {self.explore.cycle_info: gr.skip()}  # an empty dict would read as one value
         try:
             return self.explore.cycle_values(CycleView.of(trace, int(cycle)))
         except Exception as exc:  # the message goes where the cycle's caption would
