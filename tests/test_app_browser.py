@@ -214,7 +214,7 @@ def test_lesson_calculator_and_benchmarks_tab(page):
     box.fill("0.8, 0.8, 0.8")
     page.get_by_text(re.compile(r"τ_draft = 1\.952")).wait_for()
     calculator = page.locator(".js-plotly-plot").filter(has_text="term k of τ").first
-    legend = calculator.locator(".legendtext").all_inner_texts()
+    legend = calculator.locator(".legendtext").all_text_contents()
     assert legend and not any("_{" in text or "Π" in text for text in legend), legend
     calculator.screenshot(path=str(SHOTS / "issue15-9-calculator-legend.png"))
     box.fill("0.8, oops")
