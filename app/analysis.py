@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from gumiho.trace import CycleTrace, GenerationTrace, TracePath
+
+SPECIAL_TEXT = re.compile(r"<\|[^|<>]*\|>|</?s>")  # how special tokens (<|im_end|>, </s>) decode
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,7 @@ class Token:
     cycle: int  # the cycle that emitted it; -1 for the prefill's first token
     source: str  # "prefill", the drafting head ("serial-1", "mlp-4", "eagle-2", ...) or "bonus"
     borrowed: bool = False  # accepted at a position that Full Tree Attention borrowed from another branch
+    special: bool = False  # an end-of-turn or other special token: kept in the trace, hidden in the text
 
 
 def accepted_path(cycle: CycleTrace) -> TracePath | None:
@@ -44,14 +48,15 @@ def cycle_tokens(cycle: CycleTrace) -> list[Token]:
 
 
 def output_tokens(trace: GenerationTrace) -> list[Token]:
-    """Every output token in order; works on a trace that is still being recorded."""
+    """Every output token in order, special ones marked; works on a trace that is still being recorded."""
     if not trace.steps:
         return [Token(token_id=-1, text=trace.text, cycle=-1, source="prefill")] if trace.text else []
     root = trace.steps[0].nodes[0].text if trace.steps[0].nodes else ""
     tokens = [Token(token_id=trace.first_token, text=root, cycle=-1, source="prefill")]
     for cycle in trace.steps:
         tokens.extend(cycle_tokens(cycle))
-    return tokens
+    ended = len(tokens) - 1 if trace.finish_reason == "eos" else None  # the end-of-turn token, however it decodes
+    return [replace(t, special=i == ended or SPECIAL_TEXT.fullmatch(t.text) is not None) for i, t in enumerate(tokens)]
 
 
 def token_ids(trace: GenerationTrace) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 from collections import Counter
 
@@ -26,6 +27,13 @@ from .style import (
 
 EDGE_COLOR = "#cbd5e1"
 FONT = dict(family="system-ui, sans-serif", size=12)
+ROW_PX = 36  # one leaf row of a draft tree: a node with its label above it
+LABEL_ROOM = 0.9  # rows above the top row, so its labels stay inside the plot
+
+
+def _label(text: str, width: int = 10) -> str:
+    """A token as Plotly text: Plotly reads a subset of HTML, so a token like "<br>" must be escaped to show."""
+    return html.escape(token_label(text, width), quote=False)
 
 
 def _base_layout(fig: go.Figure, title: str, height: int) -> go.Figure:
@@ -96,7 +104,8 @@ def fta_segments(cycle: CycleTrace) -> list[tuple[int, int]]:
 
 
 def _node_hover(node: TraceNode, accepted: bool) -> str:
-    lines = [f"<b>{token_label(node.text, 24)}</b>", f"head: {node.source}", f"depth: {node.depth}"]
+    head = html.escape(node.source, quote=False)
+    lines = [f"<b>{_label(node.text, 24)}</b>", f"head: {head}", f"depth: {node.depth}"]
     if node.parent >= 0:
         lines.append(f"score (cum. log q): {node.score:.2f}  (q ≈ {math.exp(node.score):.3f})")
     lines.append(f"node {node.id}" + (" · accepted" if accepted else ""))
@@ -134,8 +143,8 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
             x=[pos[n.id][0] for n in group],
             y=[pos[n.id][1] for n in group],
             mode="markers+text",
-            name=source_name(source),
-            text=[token_label(n.text) for n in group],
+            name=html.escape(source_name(source), quote=False),
+            text=[_label(n.text) for n in group],
             textposition="top center",
             customdata=[n.id for n in group],
             hovertext=[_node_hover(n, n.id in accepted) for n in group],
@@ -154,9 +163,9 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
     fig.add_trace(go.Scatter(x=[pos[last][0], bx], y=[pos[last][1], by], mode="lines", showlegend=False,
                              line=dict(color=BONUS_COLOR, width=3, dash="dot"), hoverinfo="skip"))
     fig.add_trace(go.Scatter(
-        x=[bx], y=[by], mode="markers+text", name="bonus (target's token)", text=[token_label(cycle.bonus_text)],
+        x=[bx], y=[by], mode="markers+text", name="bonus (target's token)", text=[_label(cycle.bonus_text)],
         textposition="bottom center", marker=dict(symbol="star", size=20, color=BONUS_COLOR, line=dict(width=1)),
-        hovertext=[f"<b>{token_label(cycle.bonus_text, 24)}</b><br>bonus token: the target's own next token"],
+        hovertext=[f"<b>{_label(cycle.bonus_text, 24)}</b><br>bonus token: the target's own next token"],
         hoverinfo="text",
     ))
 
@@ -164,11 +173,11 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
     depth = max(x for x, _ in pos.values()) + 1
     fig.update_xaxes(title="depth (draft tokens after the root)", tickmode="linear", dtick=1,
                      range=[-0.5, depth + 0.5], showgrid=False, zeroline=False)
-    fig.update_yaxes(visible=False, autorange="reversed")
+    fig.update_yaxes(visible=False, range=[leaves + 0.4, -LABEL_ROOM])  # reversed: the first row at the top
     if title is None:
         title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
                  f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
-    _base_layout(fig, title, int(150 + 30 * leaves))
+    _base_layout(fig, html.escape(title, quote=False), int(150 + ROW_PX * leaves))
     return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, x=1.01), margin=dict(t=40))
 
 
@@ -240,8 +249,9 @@ def chain_figure(terms: list[float], gradient: list[float]) -> go.Figure:
     """The τ calculator: P(first k draft tokens accepted) per k, and how much τ gains per unit of p_k."""
     ks = list(range(1, len(terms) + 1))
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=ks, y=terms, name="Π_{i≤k} p_i  (term k of τ)", marker_color="#60a5fa"))
-    fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p_k  (value of improving position k)",
+    fig.add_trace(go.Bar(x=ks, y=terms, name="p<sub>1</sub>·…·p<sub>k</sub>  (term k of τ)",
+                         marker_color="#60a5fa"))
+    fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p<sub>k</sub>  (value of improving position k)",
                              mode="lines+markers", line=dict(color="#e76f51", width=3)))
     fig.update_xaxes(title="draft position k", dtick=1)
     fig.update_yaxes(rangemode="tozero", gridcolor="#eee")

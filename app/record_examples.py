@@ -36,11 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     engine = load_default_engine(lambda phase: logging.info("engine: %s", phase))
-    device = engine.target.device.type
     shutil.rmtree(TRACES, ignore_errors=True)
     for recording in RECORDINGS:
         settings = RunSettings(max_new_tokens=args.max_new_tokens, fta=recording.fta)
-        configs = {m: s.config(m, device) for m, s in race_settings(settings).items()}
+        configs = {m: s.config(m, engine.default_tree(m)) for m, s in race_settings(settings).items()}
         traces = list(race(engine, recording.prompt, configs, Control()))[-1]
         folder = TRACES / recording.name
         folder.mkdir(parents=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 from itertools import groupby
 from pathlib import Path
 
@@ -19,6 +20,17 @@ RACE_COLUMNS = ["method", "tokens", "cycles", "τ", "wall s", "tokens/s", "speed
 
 
 EMPTY_OUTPUT = '<div class="gm-output"><i>no output yet</i></div>'
+MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~>-])")
+
+
+def md(text: object) -> str:
+    """Text from a trace or a visitor, safe inside Markdown: HTML escaped, Markdown's punctuation backslashed."""
+    return MARKDOWN_SPECIALS.sub(r"\\\1", html.escape(str(text), quote=False))
+
+
+def md_code(text: object) -> str:
+    """Like `md`, set in monospace (backticks would let a backtick in the text end the span)."""
+    return f"<code>{md(text)}</code>"
 
 
 def empty_paths_table() -> pd.DataFrame:
@@ -40,7 +52,7 @@ def _token_span(token: Token, diff: bool = False) -> str:
         classes += " gm-diff"
         what += "; differs from AR from here on"
     where = "prefill" if token.cycle < 0 else f"cycle {token.cycle}"
-    return (f'<span class="{classes}" style="{style}" data-source="{token.source}" '
+    return (f'<span class="{classes}" style="{style}" data-source="{html.escape(token.source)}" '
             f'title="{html.escape(where + ": " + what)}">{html.escape(token.text)}</span>')
 
 
@@ -55,7 +67,8 @@ def output_html(trace: GenerationTrace, selected: int | None = None, diverges_at
     for cycle, group in groupby(tokens, key=lambda t: t.cycle):
         spans = []
         for token in group:
-            spans.append(_token_span(token, diverges_at is not None and index >= diverges_at))
+            if not token.special:
+                spans.append(_token_span(token, diverges_at is not None and index >= diverges_at))
             index += 1
         selected_class = " gm-selected" if cycle == selected else ""
         parts.append(f'<span class="gm-cycle{selected_class}" data-cycle="{cycle}">{"".join(spans)}</span>')
@@ -75,13 +88,13 @@ def legend_html(trace: GenerationTrace) -> str:
 def trace_summary(trace: GenerationTrace) -> str:
     """One Markdown line about a whole generation."""
     tree = trace.settings.tree or {}
-    shape = ", ".join(f"{k} {v}" for k, v in tree.items() if k in ("top_k", "depth", "total_tokens") and v)
+    shape = md(", ".join(f"{k} {v}" for k, v in tree.items() if k in ("top_k", "depth", "total_tokens") and v))
     fta = " · FTA on" if trace.settings.fta_applied else ""
-    temperature = trace.settings.sampling.get("temperature", 0)
+    temperature = md(trace.settings.sampling.get("temperature", 0))
     seconds = elapsed_s(trace)
     rate = len(token_ids(trace)) / seconds if seconds else 0.0
-    finish = f" · finished: {trace.finish_reason}" if trace.finish_reason else " · running…"
-    drafter = f" · drafter `{Path(trace.drafter).name}`" if trace.drafter else ""
+    finish = f" · finished: {md(trace.finish_reason)}" if trace.finish_reason else " · running…"
+    drafter = f" · drafter {md_code(Path(trace.drafter).name)}" if trace.drafter else ""
     return (f"**{method_name(trace.method)}** · {len(token_ids(trace))} tokens in {trace.cycles} cycles · "
             f"τ {_tau(trace):.2f} · {rate:.1f} tokens/s · T={temperature}"
             f"{' · tree: ' + shape if shape else ''}{fta}{drafter}{finish}")
@@ -96,12 +109,12 @@ def cycle_markdown(cycle: CycleTrace) -> str:
     """What happened in one cycle, in one paragraph."""
     nodes = {n.id: n for n in cycle.nodes}
     accepted = [nodes[i] for i in cycle.accepted_nodes[1:] if i in nodes]
-    got = ", ".join(f"`{token_label(n.text, 16)}` ({n.source})" for n in accepted) or "none"
+    got = ", ".join(f"{md_code(token_label(n.text, 16))} ({md(n.source)})" for n in accepted) or "none"
     fta = " The accepted path went through an FTA-borrowed position." if cycle.fta_used else ""
     plural = "s" if cycle.tree_size != 1 else ""
     bonus = token_label(cycle.bonus_text, 16)
     return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{plural} in one target forward · "
-            f"accepted draft tokens: {got} · bonus: `{bonus}` · "
+            f"accepted draft tokens: {got} · bonus: {md_code(bonus)} · "
             f"emitted {len(cycle.emitted)} · draft {cycle.draft_ms:.0f} ms, verify {cycle.verify_ms:.0f} ms, "
             f"other {cycle.other_ms:.0f} ms.{fta}")
 
@@ -175,7 +188,14 @@ def race_texts_html(traces: list[GenerationTrace]) -> str:
     for trace in traces:
         compared = reference is not None and trace.method != "ar"
         diverges = first_divergence(token_ids(trace), reference) if compared else None
-        note = _difference_note(trace, diverges) if compared else "the target's own greedy or sampled text"
+        if trace.method == "ar":
+            note = "the target's own greedy or sampled text"
+        elif compared:
+            note = _difference_note(trace, diverges)
+        else:
+            note = "AR did not run in this race, so there is no text to compare with"
+        if trace.finish_reason == "stopped":
+            note += " (stopped)"
         columns.append(f"<div><h4>{html.escape(method_name(trace.method))}"
                        f"{' +FTA' if trace.settings.fta_applied else ''}</h4>"
                        f"<small>{html.escape(note)}</small>{output_html(trace, diverges_at=diverges)}</div>")

@@ -6,6 +6,7 @@ traces, is served before the model has loaded.
 
 from __future__ import annotations
 
+import html
 import logging
 import shutil
 import tempfile
@@ -18,10 +19,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from gumiho.errors import GumihoError
 from gumiho.sampling import SamplingConfig
-from gumiho.trace import GenerationTrace, TraceError
+from gumiho.trace import GenerationTrace
 from gumiho.tree import TreeSettings
 
 from .style import method_name
+from .validate import Limits, prompt_tokens
 
 if TYPE_CHECKING:
     from gumiho.engine import Engine, GenerationConfig, Run
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RACE_ORDER = ("eagle2", "gumiho", "ar")
-MAX_NEW_TOKENS = 512
 TRACE_FILES = Path(tempfile.gettempdir()) / "gumiho-app-traces"
 KEEP_TRACES_S = 3600
 T = TypeVar("T")
@@ -51,23 +52,19 @@ class RunSettings:
     pruning: int | None = None
     fta: bool | None = None
 
-    def config(self, method: str, device_type: str = "cpu") -> GenerationConfig:
-        """The engine's config for `method`; raises GumihoError with a message for the visitor."""
-        from gumiho.engine import METHODS as ENGINE_METHODS, GenerationConfig
+    def config(self, method: str, base: TreeSettings | None) -> GenerationConfig:
+        """The engine's config for `method` (values already checked by `validate`), its tree fields applied to
+        `base` (the engine's automatic tree for the method); raises GumihoError with a message for the visitor
+        when the tree's fields do not fit together."""
+        from gumiho.engine import GenerationConfig
 
-        if method not in ENGINE_METHODS:
-            raise GumihoError(f"unknown method {method!r}; choose one of {', '.join(ENGINE_METHODS)}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise GumihoError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}")
         sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p)
         tree = None
         if method != "ar":
             chosen = {"top_k": self.top_k, "depth": self.depth, "total_tokens": self.total_tokens}
             if method == "gumiho":  # the MLP beam and Full Tree Attention belong to Gumiho's tree
                 chosen.update(mlptopk=self.mlptopk, pruning=self.pruning, fta=self.fta)
-            tree = replace(TreeSettings.default(method, device_type),
-                           **{k: v for k, v in chosen.items() if v is not None})
-            tree.validate(method)
+            tree = TreeSettings.resolve(method, overrides=chosen, base=base)
         return GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=sampling, seed=self.seed, trace=True,
                                 tree=tree)
 
@@ -79,9 +76,6 @@ def race_settings(settings: RunSettings) -> dict[str, RunSettings]:
     return {method: shared for method in RACE_ORDER}
 
 
-def tree_defaults(method: str) -> dict[str, int | bool]:
-    """The method's default tree on CPU, for the settings panel."""
-    return TreeSettings.default(method, "cpu").to_dict()
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -94,7 +88,7 @@ def load_default_engine(report: Callable[[str], None]) -> Engine:
     from gumiho.loader import build_engine
 
     report("loading SmolLM2-135M-Instruct and the drafters")
-    engine = build_engine()
+    engine = build_engine(on_progress=lambda done: report(f"measuring this machine once, {done:.0%}"))
     report("warming up")
     for method in ENGINE_METHODS:  # the first forwards in a process are slower: keep them out of the visitors' timings
         engine.generate("Hello", method, GenerationConfig(max_new_tokens=4, trace=False))
@@ -128,12 +122,21 @@ class EngineLoader:
             log.exception("the engine failed to load")
             self.error = str(exc) or type(exc).__name__
         self.load_s = time.monotonic() - self.started
-        log.warning("engine %s after %.1f s", "ready" if self.engine else "failed", self.load_s)
+        log.info("engine %s after %.1f s", "ready" if self.engine else "failed", self.load_s)
         self._ready.set()
 
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    @property
+    def device(self) -> str:
+        """The device the engine runs on ("cpu" until it has loaded)."""
+        return self.engine.target.device.type if self.engine else "cpu"
+
+    def default_tree(self, method: str) -> TreeSettings:
+        """The engine's tree for `method` (its automatic choice on this machine); the CPU default until it loads."""
+        return self.engine.default_tree(method) if self.engine else TreeSettings.default(method, "cpu")
 
     def wait(self, timeout: float | None = None) -> Engine | None:
         """The engine once loaded (None while still loading after `timeout`); raises GumihoError if loading failed."""
@@ -145,7 +148,7 @@ class EngineLoader:
     def status(self) -> str:
         """A Markdown line for the top of the page."""
         if self.error:
-            return f"**Model failed to load:** {self.error}. Example traces and replays still work."
+            return f"**Model failed to load:** {html.escape(self.error)}. Example traces and replays still work."
         if not self.ready:
             return (f"**Loading the model in the background** ({self.phase}, "
                     f"{time.monotonic() - self.started:.0f} s) · the examples below are recorded runs.")
@@ -153,9 +156,11 @@ class EngineLoader:
         drafters = []
         for method, name in engine.drafter_names.items():
             trained = "untrained random weights: nothing gets accepted" if name.startswith("random") else "trained"
-            drafters.append(f"{method_name(method)} ({trained})")
-        return (f"**Model ready** · {engine.target.name} on {engine.target.device.type} · drafters: "
-                f"{', '.join(drafters)} · loaded in {self.load_s:.0f} s")
+            drafters.append(f"{method_name(method)} <code>{html.escape(Path(name).name)}</code> ({trained})")
+        choice = f" · {html.escape(engine.choice.summary('gumiho'))}" if engine.choice else ""
+        return (f"**Model ready** · {html.escape(engine.target.name)} on device "
+                f"**{engine.target.device.type}**{choice} · drafters: {', '.join(drafters)} · "
+                f"loaded in {self.load_s:.0f} s")
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -163,15 +168,21 @@ class EngineLoader:
 
 @dataclass(eq=False)  # compared by identity: two fresh Controls are different runs
 class Control:
-    """A visitor's handle on what is running for them, so Stop can end it between cycles."""
+    """A visitor's handle on what is running for them, so Stop can end it between cycles; `out_of_time` says the
+    time budget, not the visitor, stopped it."""
 
     stopped: bool = False
+    out_of_time: bool = False
     run: Run | None = None
 
     def stop(self) -> None:
         self.stopped = True
         if self.run is not None:
             self.run.stop()
+
+    def time_is_up(self) -> None:
+        self.out_of_time = True
+        self.stop()
 
 
 class Sessions:
@@ -209,6 +220,12 @@ class Sessions:
                 if not mine:
                     self._controls.pop(session, None)
 
+    def busy(self, session: str) -> bool:
+        """Whether the session has a run waiting in the queue or running that Stop has not yet ended (after Stop,
+        a new run may queue behind the one finishing its cycle)."""
+        with self._lock:
+            return any(not control.stopped for control in self._controls.get(session, []))
+
     def stop(self, session: str) -> bool:
         """Stop every run of the session, queued or running; False if there is none."""
         with self._lock:
@@ -218,27 +235,34 @@ class Sessions:
         return bool(controls)
 
 
-def stream(engine: Engine, prompt: str, method: str, config: GenerationConfig,
-           control: Control) -> Iterator[GenerationTrace]:
-    """The run's trace after every cycle, then once more when finished (text, wall time and finish reason set)."""
+def stream(engine: Engine, prompt: str, method: str, config: GenerationConfig, control: Control,
+           limits: Limits = Limits()) -> Iterator[GenerationTrace]:
+    """The run's trace after every cycle, then once more when finished (text, wall time and finish reason set).
+    A prompt over the limit is refused before its prefill; a run that reaches the time budget is stopped after
+    its current cycle and keeps what it produced."""
     run = engine.run(prompt, method, config)
+    prompt_tokens(run.trace.prompt_tokens, limits)
     control.run = run
     if control.stopped:
         run.stop()
+    deadline = time.monotonic() + limits.max_run_seconds
     for _ in run:
+        if time.monotonic() >= deadline and not control.stopped:
+            control.time_is_up()
         yield run.trace
     yield run.trace
 
 
-def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig],
-         control: Control) -> Iterator[list[GenerationTrace]]:
-    """EAGLE-2, Gumiho and AR one after the other (never concurrently, so timings stay honest)."""
+def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig], control: Control,
+         limits: Limits = Limits()) -> Iterator[list[GenerationTrace]]:
+    """EAGLE-2, Gumiho and AR one after the other (never concurrently, so timings stay honest); each run has the
+    time budget."""
     done: list[GenerationTrace] = []
     for method in RACE_ORDER:
         if control.stopped:
             break
         trace = None
-        for trace in stream(engine, prompt, method, configs[method], control):
+        for trace in stream(engine, prompt, method, configs[method], control, limits):
             yield done + [trace]
         done.append(trace)
 
@@ -297,14 +321,3 @@ def save_traces(traces: list[GenerationTrace], root: Path = TRACE_FILES) -> list
         path.write_text(trace.to_json(indent=1), encoding="utf-8")
         paths.append(str(path))
     return paths
-
-
-def read_trace(path: str | Path) -> GenerationTrace:
-    """A trace from an uploaded file; raises TraceError with a readable reason."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TraceError("the file is not UTF-8 text (expected a trace JSON file)") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read the file: {exc.strerror}") from None
-    return GenerationTrace.from_json(text)

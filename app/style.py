@@ -79,4 +79,8 @@ CSS = """
 .gm-texts { display: grid; grid-template-columns: repeat(auto-fit, minmax(260px, 1fr)); gap: 10px; }
 .gm-texts h4 { margin: 0 0 4px 0; }
 .gm-status { font-size: 14px; }
+#gm-bench table th, #gm-bench table td { white-space: nowrap; word-break: keep-all; overflow-wrap: normal; }
+#gm-bench table th { padding: 6px 10px; }
+#gm-bench table td { padding: 4px 10px; }
+#gm-bench .gm-report table { display: block; overflow-x: auto; max-width: 100%; }
 """

@@ -22,12 +22,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def served_app(name: str, timeout_s: float = 180) -> Iterator[str]:
-    """The URL of a fresh app process; its output goes to artifacts/<name>.log."""
+def served_app(name: str, *flags: str, timeout_s: float = 180) -> Iterator[str]:
+    """The URL of a fresh app process started with `flags`; its output goes to artifacts/<name>.log."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
     log = open(ARTIFACTS / f"{name}.log", "w")
-    process = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, stdout=log,
+    process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *flags], cwd=ROOT, stdout=log,
                                stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -5,6 +5,7 @@ Screenshots of each step go to artifacts/screenshots/ (git-ignored).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -61,9 +62,26 @@ def tree_plot(page):
     return page.locator(".js-plotly-plot").filter(has_text="bonus (target's token)").first
 
 
+def labels_outside_the_plot_area(plot) -> list[str]:
+    """Node labels of a Plotly tree that reach above or below its plot area (clipped there)."""
+    return plot.evaluate("""(root) => {
+        const area = root.querySelector('.draglayer .nsewdrag').getBoundingClientRect();
+        return [...root.querySelectorAll('.scatterlayer .textpoint text')].filter((t) => {
+            const box = t.getBoundingClientRect();
+            return box.height > 0 && (box.top < area.top - 1 || box.bottom > area.bottom + 1);
+        }).map((t) => t.textContent);
+    }""")
+
+
+def message(page, text: str):
+    """A message on the page or in a toast."""
+    return page.get_by_text(text, exact=False).first
+
+
 def test_the_first_page_is_populated_from_the_recorded_examples(page):
     page.get_by_role("heading", name="Gumiho: speculative decoding you can watch").wait_for()
     assert page.get_by_text(re.compile(r"Loading the model in the background|Model ready")).count() >= 1
+    assert page.get_by_text("Limits: prompts up to 2,048 tokens, up to 512 new tokens, 120 s per run").count() == 1
     tree_plot(page).wait_for()
     assert page.locator(".gm-output .gm-tok").count() > 5
     assert page.get_by_text(re.compile(r"^Cycle \d+$")).count() + page.get_by_text(re.compile(r"Cycle \d+ ·")).count()
@@ -75,14 +93,48 @@ def test_generate_streams_and_draws_the_tree(page):
     page.get_by_label("Prompt", exact=True).fill("Name three fruits.")
     set_number(page, "Max new tokens", 12)
     page.get_by_role("button", name="Generate", exact=True).click()
-    page.get_by_text(re.compile(r"^Done: ")).wait_for(timeout=LONG_MS)
+    page.get_by_text("Done.", exact=True).wait_for(timeout=LONG_MS)
     page.get_by_text("Model ready", exact=False).first.wait_for()
-    summary = page.get_by_text(re.compile(r"Gumiho · \d+ tokens in \d+ cycles")).first.inner_text()
+    assert page.get_by_text(re.compile(r"on device \w+ · drafters: EAGLE-2 .+, Gumiho ")).count() == 1
+    results = page.get_by_text(re.compile(r"Gumiho · \d+ tokens in \d+ cycles"))
+    assert results.count() == 1, "the result line is shown once"
+    summary = results.first.inner_text()
     assert "finished: length" in summary or "finished: eos" in summary
+    assert page.get_by_label("Recorded examples", exact=True).input_value() == "", "no example is named any more"
     tree_plot(page).wait_for()
     assert tree_plot(page).locator(".scatterlayer .trace").count() >= 4  # edges, accepted path, heads, bonus
+    assert labels_outside_the_plot_area(tree_plot(page)) == []
     assert page.locator(".gm-output [data-source=bonus]").count() >= 1
+    assert "im_end" not in page.locator(".gm-output").first.inner_text()
     shot(page, "2-generated")
+    tree_plot(page).screenshot(path=str(SHOTS / "issue15-1-tree-labels-inside.png"))
+
+
+def test_out_of_range_settings_get_a_message(page):
+    for typed, shown in (("9999", "got 9999"), ("0", "got 0"), ("-5", "got -5")):
+        number(page, "Max new tokens").fill(typed)
+        message(page, f"max new tokens must be between 1 and 512, {shown}").wait_for()
+        if typed == "9999":
+            shot(page, "issue15-4-range-message")
+    number(page, "Max new tokens").press("Tab")
+    assert number(page, "Max new tokens").input_value() == "1", "the page sets the nearest allowed value"
+    set_number(page, "Max new tokens", 12)
+
+
+def test_a_second_generate_while_one_runs_says_so(page):
+    page.get_by_label("Prompt", exact=True).fill("Tell me a long story about a fox.")
+    set_number(page, "Max new tokens", 400)
+    generate = page.get_by_role("button", name="Generate", exact=True)
+    generate.click()
+    page.get_by_text(re.compile(r"^Generating with Gumiho")).wait_for(timeout=LONG_MS)
+    generate.click()
+    message(page, "A run is in progress: Stop it first.").wait_for()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "issue15-2-run-in-progress.png"))  # the viewport, where the toast is
+    page.get_by_text(re.compile(r"in ([3-9]|\d\d+) cycles .*running…")).wait_for(timeout=LONG_MS)  # for the scrubber
+    page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first.click()
+    page.get_by_text("Stopped.", exact=True).wait_for(timeout=LONG_MS)
+    set_number(page, "Max new tokens", 12)
 
 
 def test_the_scrubber_and_play_step_through_the_cycles(page):
@@ -108,6 +160,40 @@ def test_a_bad_trace_upload_shows_a_message_and_the_page_keeps_working(page, tmp
     page.get_by_text(re.compile(r"^Cycle 1 · verified a tree")).wait_for()
 
 
+def test_a_stopped_race_does_not_compare_with_a_missing_ar_text(page):
+    tab(page, "Race")
+    page.get_by_label("Race prompt", exact=True).fill("Tell me a long story about a fox.")
+    set_number(page, "Max new tokens", 300)
+    page.get_by_role("button", name="Race: EAGLE-2 → Gumiho → AR", exact=True).click()
+    page.get_by_text(re.compile(r"^Racing: EAGLE-2")).wait_for(timeout=LONG_MS)
+    page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first.click()
+    page.get_by_text("Stopped.", exact=True).wait_for(timeout=LONG_MS)
+    first = page.locator(".gm-texts > div").first
+    assert first.locator("h4").inner_text() == "EAGLE-2"
+    caption = first.locator("small").inner_text()
+    assert "the target's own" not in caption and "AR did not run" in caption
+    shot(page, "issue15-7-stopped-race-caption")
+
+
+def test_a_prompt_over_the_limit_and_a_script_in_a_file_get_plain_messages(page, tmp_path):
+    tab(page, "Explore")
+    prompt = page.get_by_label("Prompt", exact=True)
+    prompt.fill("word " * 3000)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    message(page, "tokens; this app accepts at most 2,048").wait_for(timeout=LONG_MS)
+    shot(page, "issue15-3-prompt-limit")
+    prompt.fill("Name three fruits.")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"schema": 1, "method": "<img src=x onerror=alert(1)>", "model": "m",
+                                  "prompt": "p", "prompt_tokens": 1, "settings": {}}))
+    with page.expect_file_chooser() as chooser:
+        page.get_by_role("button", name="Replay a trace (JSON)", exact=True).click()
+    chooser.value.set_files(str(script))
+    message(page, "unknown method '<img src=x onerror=alert(1)>'").wait_for()
+    assert page.locator(".gm-message img").count() == 0
+    shot(page, "issue19-4-escaped-upload")
+
+
 def test_race_runs_the_three_methods(page):
     tab(page, "Race")
     page.get_by_label("Race prompt", exact=True).fill("Name three fruits.")
@@ -127,10 +213,23 @@ def test_lesson_calculator_and_benchmarks_tab(page):
     box = page.get_by_label("Acceptance probabilities p_1, p_2, … (0 to 1)", exact=True)
     box.fill("0.8, 0.8, 0.8")
     page.get_by_text(re.compile(r"τ_draft = 1\.952")).wait_for()
+    calculator = page.locator(".js-plotly-plot").filter(has_text="term k of τ").first
+    legend = calculator.locator(".legendtext").all_text_contents()
+    assert legend and not any("_{" in text or "Π" in text for text in legend), legend
+    calculator.screenshot(path=str(SHOTS / "issue15-9-calculator-legend.png"))
     box.fill("0.8, oops")
     page.get_by_text(re.compile(r"^⚠ use numbers between 0 and 1")).wait_for()
     shot(page, "6-lesson")
     tab(page, "Benchmarks")
     bench = page.locator("#gm-bench")
     bench.locator("table").or_(bench.get_by_text("No benchmark results", exact=False)).first.wait_for()
+    headers = bench.locator("th").filter(visible=True)
+    lines = headers.evaluate_all("""(cells) => cells.map((cell) => {
+        const range = document.createRange();
+        range.selectNodeContents(cell);
+        return [cell.innerText.trim(), range.getClientRects().length > 0 ?
+            new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size : 1];
+    })""")
+    broken = [text for text, count in lines if text and count > 1]
+    assert lines and not broken, f"headers on more than one line: {broken}"
     shot(page, "7-benchmarks")

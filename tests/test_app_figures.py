@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,12 +14,14 @@ from app import analysis, figures, render
 from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
-from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, read_trace, save_traces, follow
+from app.handlers import STOPPED_IN_QUEUE, ExploreParts, Handlers, RaceParts
+from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, save_traces, follow
 from app.style import source_color, source_name, token_label
 from app.theory import Chain
-from app.ui import TREE_FIELDS, Handlers
+from app.validate import InvalidInput, Limits
+from app.validate import trace_file as read_trace
 from gumiho.errors import GumihoError
-from gumiho.trace import TraceError
+from gumiho.tree import TreeSettings
 
 from .app_traces import ar_trace, gumiho_trace
 
@@ -287,7 +291,7 @@ def test_read_trace_explains_bad_files(tmp_path):
     for name, content in cases.items():
         path = tmp_path / name
         path.write_bytes(content)
-        with pytest.raises(TraceError) as err:
+        with pytest.raises(InvalidInput) as err:
             read_trace(path)
         assert str(err.value)
     good = tmp_path / "good.json"
@@ -318,19 +322,19 @@ def test_lesson_has_its_figures_in_order():
 
 
 def test_run_settings_validate_into_engine_configs():
-    config = RunSettings(max_new_tokens=12, total_tokens=16, fta=True).config("gumiho")
+    config = RunSettings(max_new_tokens=12, total_tokens=16, fta=True).config("gumiho", TreeSettings.default("gumiho", "cpu"))
     assert config.tree.total_tokens == 16 and config.tree.fta and config.max_new_tokens == 12
-    assert RunSettings(fta=True).config("eagle2").tree.fta is False  # FTA belongs to Gumiho's tree
-    assert RunSettings().config("ar").tree is None
-    for bad, method in [(RunSettings(max_new_tokens=0), "gumiho"), (RunSettings(max_new_tokens=10**6), "ar"),
-                        (RunSettings(temperature=-1), "ar"), (RunSettings(total_tokens=500), "gumiho"),
-                        (RunSettings(), "medusa")]:
+    assert RunSettings(fta=True).config("eagle2", TreeSettings.default("eagle2", "cpu")).tree.fta is False  # FTA belongs to Gumiho's tree
+    assert RunSettings().config("ar", None).tree is None
+    assert RunSettings().config("gumiho", TreeSettings.default("gumiho", "cuda")).tree.total_tokens == 64  # base kept
+    for bad, method in [(RunSettings(max_new_tokens=0), "gumiho"), (RunSettings(temperature=-1), "ar"),
+                        (RunSettings(total_tokens=500), "gumiho")]:
         with pytest.raises(GumihoError):
-            bad.config(method)
+            bad.config(method, TreeSettings.default(method, "cpu"))
 
 
 def test_race_settings_match_the_verification_budget():
-    configs = {m: s.config(m) for m, s in race_settings(RunSettings(top_k=3, total_tokens=20)).items()}
+    configs = {m: s.config(m, TreeSettings.default(m, "cpu")) for m, s in race_settings(RunSettings(top_k=3, total_tokens=20)).items()}
     assert list(configs) == list(RACE_ORDER)
     assert configs["eagle2"].tree.total_tokens == configs["gumiho"].tree.total_tokens == 20
     assert configs["eagle2"].tree.top_k == configs["gumiho"].tree.top_k == 3
@@ -383,31 +387,77 @@ def test_stop_reaches_a_run_still_waiting_in_the_queue():
         assert not running.stopped and sessions.stop("a") and running.stopped and direct.stopped
 
 
+def handlers_for(loader=None, limits: Limits = Limits()) -> Handlers:
+    """Handlers writing to fresh components (outside any page: only their identity matters)."""
+    import gradio as gr
+
+    from app.layout import TREE_LABELS
+
+    loader = loader or SimpleNamespace(device="cpu", ready=False)
+    tree = {name: gr.Slider(label=name) for name in TREE_LABELS} | {"fta": gr.Checkbox()}
+    explore = ExploreParts(gr.Markdown(), gr.Markdown(), gr.HTML(), gr.HTML(), gr.Slider(), gr.Markdown(), gr.Plot(),
+                           gr.Dataframe(), gr.State(), gr.Dropdown(), gr.DownloadButton(), gr.State(), gr.Timer(),
+                           gr.Button(), tree)
+    racing = RaceParts(gr.Markdown(), gr.Markdown(), gr.Dataframe(), gr.Plot(), gr.Plot(), gr.Plot(), gr.HTML(),
+                       gr.State(), gr.Dropdown(), gr.File(), gr.Slider(), gr.Slider())
+    return Handlers(loader, Sessions(), [], limits, explore, racing, gr.Markdown(), gr.Timer())
+
+
 def test_a_run_stopped_in_the_queue_never_starts():
-    from types import SimpleNamespace
-
-    from app.ui import STOPPED_IN_QUEUE
-
     from .conftest import tiny_engine
 
     engine = tiny_engine()
-    loader = SimpleNamespace(wait=lambda timeout: engine, engine=engine, phase="ready")
-    handlers, request = Handlers(loader=loader, sessions=Sessions(), examples=[]), SimpleNamespace(session_hash="a")
+    loader = SimpleNamespace(wait=lambda timeout: engine, engine=engine, phase="ready", device="cpu")
+    handlers, request = handlers_for(loader), SimpleNamespace(session_hash="a")
     ran = []
     engine.run = lambda *a, **k: ran.append(a)  # noqa: the run must not even be created
     handlers.queue(request)
     assert handlers.stop(request).startswith("Stopping")
     outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, request))
-    assert outputs[-1][0] == STOPPED_IN_QUEUE and not ran
+    assert outputs[-1][handlers.explore.message] == STOPPED_IN_QUEUE and not ran
+
+
+def test_a_second_run_of_the_same_visitor_is_refused_while_one_is_queued_or_running():
+    import gradio as gr
+
+    handlers, request = handlers_for(), SimpleNamespace(session_hash="a")
+    handlers.queue(request)
+    with pytest.raises(gr.Error, match="A run is in progress: Stop it first"):
+        handlers.queue(request)
+    assert handlers.queue(SimpleNamespace(session_hash="b"))  # another visitor just waits
+
+
+def test_the_time_budget_stops_a_run_after_its_current_cycle_and_keeps_its_tokens():
+    from app.service import Control, stream
+    from gumiho.engine import GenerationConfig
+
+    from .conftest import tiny_engine
+
+    control = Control()
+    traces = list(stream(tiny_engine(), "w1 w2 w3", "gumiho", GenerationConfig(max_new_tokens=200), control,
+                         Limits(max_run_seconds=0)))
+    assert control.out_of_time and traces[-1].finish_reason == "stopped"
+    assert traces[-1].cycles == 1 and traces[-1].new_tokens >= 2
+
+
+def test_a_prompt_over_the_token_limit_is_refused_before_its_prefill():
+    from app.service import Control, stream
+    from gumiho.engine import GenerationConfig
+
+    from .conftest import tiny_engine
+
+    with pytest.raises(InvalidInput, match="the prompt is 5 tokens; this app accepts at most 4"):
+        next(stream(tiny_engine(), "w1 w2 w3 w4 w5", "ar", GenerationConfig(chat=False), Control(),
+                    Limits(max_prompt_tokens=4)))
 
 
 def test_a_cycle_that_cannot_be_drawn_gets_a_message():
     trace = gumiho_trace()
     trace.steps[0].paths[0].nodes.clear()  # damaged after loading: the handlers must not raise
-    handlers = Handlers(loader=None, sessions=Sessions(), examples=[])
-    with pytest.warns(UserWarning, match="IndexError"):  # also shown as a toast
-        assert handlers.show_cycle(trace, 0)[1].startswith("⚠")
-        assert handlers.tick(trace, -1)[2].startswith("⚠")
+    handlers = handlers_for()
+    with pytest.warns(UserWarning, match="Something went wrong"):  # also shown as a toast, without the exception
+        assert handlers.show_cycle(trace, 0)[handlers.explore.cycle_info].startswith("⚠")
+        assert handlers.tick(trace, -1)[handlers.explore.cycle_info].startswith("⚠")
 
 
 def test_saved_traces_round_trip_and_old_files_are_pruned(tmp_path):
@@ -425,12 +475,89 @@ def test_token_labels_show_whitespace():
 
 
 def test_switching_method_keeps_every_tree_field_in_range():
-    handlers = Handlers(loader=None, sessions=Sessions(), examples=[])
+    handlers = handlers_for()
+    boxes = handlers.explore.tree_fields
     for method in ("eagle2", "ar", "gumiho"):
-        updates = dict(zip(TREE_FIELDS, handlers.method_defaults(method)))
+        updates = {name: handlers.method_defaults(method)[box] for name, box in boxes.items()}
         for name, update in updates.items():
             if name != "fta" and "value" in update:
                 assert update["value"] >= 1, (method, name, update)
-    eagle = dict(zip(TREE_FIELDS, handlers.method_defaults("eagle2")))
+    eagle = {name: handlers.method_defaults("eagle2")[box] for name, box in boxes.items()}
     assert eagle["mlptopk"] == {"__type__": "update", "interactive": False}
     assert eagle["depth"]["value"] == 5 and eagle["depth"]["interactive"]
+
+
+# ---------------------------------------------------------------------------------------------- input checks
+
+
+def test_numbers_are_checked_against_their_field_and_range():
+    from app.validate import FIELDS, WrongType, number, numbers
+
+    assert numbers(Limits(), seed=2**63 - 1, top_p=0.5, max_new_tokens=512.0) == {
+        "seed": 2**63 - 1, "top_p": 0.5, "max_new_tokens": 512}
+    for value, expected in [(2**80, "seed must be between 0 and 2^63-1"), (float("nan"), "finite"),
+                            (float("inf"), "finite"), (1.5, "whole number"), (-1, "between")]:
+        with pytest.raises(InvalidInput, match=re.escape(expected)):
+            number(FIELDS["seed"], value)
+    for value in ("1", None, True, [1]):
+        with pytest.raises(WrongType, match="seed must be a number"):
+            number(FIELDS["seed"], value)
+    with pytest.raises(InvalidInput, match="max new tokens must be between 1 and 64, got 65"):
+        numbers(Limits(max_new_tokens=64), max_new_tokens=65)
+
+
+def test_uploads_are_read_with_a_nesting_limit(tmp_path):
+    from app.validate import json_depth
+
+    assert json_depth('{"a": [1, {"b": "[[[["}]}') == 3  # brackets inside strings do not count
+    assert json_depth(gumiho_trace().to_json()) <= 6
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidInput, match="nests more than 16 levels"):
+        read_trace(deep)
+
+
+def test_text_from_a_trace_is_escaped_in_markdown_and_html():
+    trace = gumiho_trace()
+    trace.drafter = "<img src=x onerror=alert(1)>`*x*`"
+    trace.steps[0].nodes[1].source = '"><script>alert(1)</script>'
+    summary = render.trace_summary(trace)
+    assert "<img" not in summary and "&lt;img" in summary and "\\`" in summary
+    assert "<script>" not in render.output_html(trace) and "<script>" not in render.legend_html(trace)
+    assert "<script>" not in render.cycle_markdown(trace.steps[0])
+
+
+def test_special_tokens_are_hidden_in_the_text_but_kept_in_the_trace():
+    trace = gumiho_trace()
+    trace.steps[-1].bonus_text = "<|im_end|>"
+    trace.finish_reason = "eos"
+    tokens = analysis.output_tokens(trace)
+    assert tokens[-1].special and not any(t.special for t in tokens[:-1])
+    assert "im_end" not in render.output_html(trace)
+    assert trace.token_ids[-1] == trace.steps[-1].emitted[-1]
+
+
+def test_a_stopped_race_without_ar_compares_with_nothing():
+    eagle = gumiho_trace()
+    eagle.method, eagle.finish_reason = "eagle2", "stopped"
+    texts = render.race_texts_html([eagle])
+    assert "the target's own" not in texts and "AR did not run" in texts and "(stopped)" in texts
+
+
+def test_tree_labels_have_room_above_the_top_row():
+    fig = figures.tree_figure(gumiho_trace().steps[0])
+    bottom, top = fig.layout.yaxis.range
+    assert top <= -0.8 and bottom > max(y for t in fig.data for y in (t.y or ()) if y is not None)
+
+
+def test_the_calculator_legend_has_no_raw_latex():
+    fig = figures.chain_figure([0.8, 0.64], [1.8, 1.0])
+    assert all("_{" not in t.name and "p_" not in t.name for t in fig.data)
+
+
+def test_after_stop_the_visitor_may_start_again():
+    sessions = Sessions()
+    sessions.reserve("a")
+    assert sessions.busy("a") and not sessions.busy("b")
+    sessions.stop("a")
+    assert not sessions.busy("a")
