@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+from functools import partial
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,6 +21,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens-limit", type=int, default=512, help="the most new tokens a run may ask")
     parser.add_argument("--max-run-seconds", type=float, default=120,
                         help="a run that reaches this wall time stops after its current cycle")
+    env = os.environ.get  # a Hugging Face Space sets these in its settings instead of flags
+    parser.add_argument("--model", default=env("GUMIHO_MODEL"),
+                        help="model folder or Hub id (env GUMIHO_MODEL; default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--gumiho-drafter", default=env("GUMIHO_GUMIHO_DRAFTER"),
+                        help="Gumiho drafter folder or Hub id, ours or amd/Gumiho-* (env GUMIHO_GUMIHO_DRAFTER)")
+    parser.add_argument("--eagle2-drafter", default=env("GUMIHO_EAGLE2_DRAFTER"),
+                        help="EAGLE-2 drafter folder or Hub id, ours or yuhuili/EAGLE-* (env GUMIHO_EAGLE2_DRAFTER)")
+    parser.add_argument("--device", default=env("GUMIHO_DEVICE"), help="cpu, cuda, mps (env GUMIHO_DEVICE)")
+    parser.add_argument("--dtype", default=env("GUMIHO_DTYPE", "auto"),
+                        help="auto (the machine profile's choice), float32, bfloat16 or float16 (env GUMIHO_DTYPE)")
     args = parser.parse_args(argv)
     if min(args.max_prompt_tokens, args.max_new_tokens_limit, args.max_run_seconds, args.queue_size) <= 0:
         parser.error("the limits and the queue size must be positive")
@@ -30,7 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     from app.validate import Limits
 
     limits = Limits(args.max_prompt_tokens, args.max_new_tokens_limit, args.max_run_seconds)
-    loader = EngineLoader().start()
+    from app.service import load_default_engine
+
+    drafters = {"eagle2": args.eagle2_drafter, "gumiho": args.gumiho_drafter}
+    loader = EngineLoader(partial(load_default_engine, model=args.model, drafters=drafters, device=args.device,
+                                  dtype=args.dtype)).start()
     launch(build_app(loader, limits), host=args.host, port=args.port, share=args.share, queue_size=args.queue_size)
 
 

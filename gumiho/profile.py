@@ -333,7 +333,7 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                     if r:
                         draft_ms[i][key][size].append(ms)
                 bar.update()
-                if on_progress:
+                if on_progress and bar.n * 10 // bar.total != (bar.n - 1) * 10 // bar.total:  # every 10%
                     on_progress(bar.n / bar.total)
     costs = [PathCost(path,
                       {kv: [low(verify_ms[i][j][n]) for n in SIZES] for j, kv in enumerate(KV_LENGTHS)},
