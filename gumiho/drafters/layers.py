@@ -27,16 +27,20 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama rotary embedding. x: [B, heads, T, d]; positions: [T] or [B, T]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+def rope(positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama rotary cos and sin for `positions` [T] or [B, T], shaped to broadcast over [B, heads, T, d]; computed
+    once per forward and shared by every layer's queries and keys."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
     angles = positions.float()[..., None] * inv_freq
     angles = torch.cat([angles, angles], -1)
     if angles.dim() == 3:
         angles = angles[:, None]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    half = d // 2
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama rotary embedding. x: [B, heads, T, d]."""
+    half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
 
@@ -76,12 +80,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
 
-    def forward(self, x, positions, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(self, x, cos_sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, positions, self.theta), rotate(k, positions, self.theta)
+        q, k = rotate(q, *cos_sin), rotate(k, *cos_sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         out = F.scaled_dot_product_attention(
@@ -103,9 +107,9 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.index = index
 
-    def forward(self, x, positions, mask, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x, cos_sin, mask, cache: KVCache | None) -> torch.Tensor:
         h = self.input_layernorm(x) if self.input_layernorm is not None else x
-        x = x + self.self_attn(h, positions, mask, cache, self.index)
+        x = x + self.self_attn(h, cos_sin, mask, cache, self.index)
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
@@ -130,8 +134,10 @@ class DraftTransformer(nn.Module):
     ) -> torch.Tensor:
         """fused: [B, T, H]. mask: bool [B or 1, 1, T, past+T] (True = attend) or None for causal without past."""
         x = fused
+        attn = self.layers[0].self_attn
+        cos_sin = rope(positions, attn.head_dim, attn.theta, fused.dtype)
         for layer in self.layers:
-            x = layer(x, positions, mask, cache)
+            x = layer(x, cos_sin, mask, cache)
         return x
 
 
