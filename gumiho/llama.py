@@ -83,7 +83,7 @@ class LeanLlama:
     """The decoder stack of a transformers Llama-family model, run without its modules (weights shared or cast)."""
 
     def __init__(self, model: PreTrainedModel, pack: bool = True):
-        """`pack`: oneDNN-packed fp32 matmuls on CPU (see packed.py); ignored for other dtypes and devices."""
+        """`pack`: oneDNN-packed fp32 / bf16 matmuls on CPU (see packed.py); ignored on other devices."""
         config = model.config
         self.pack = pack
         if config.model_type not in SUPPORTED_MODEL_TYPES:

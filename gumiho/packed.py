@@ -1,4 +1,4 @@
-"""oneDNN-packed fp32 matrix products for inference on CPU.
+"""oneDNN-packed fp32 and bf16 matrix products for inference on CPU.
 
 The default fp32 `F.linear` path can be slow for the shapes speculative decoding lives on: 1 row (a decode step)
 and 2-64 rows (a tree verification, a draft step). Packing each weight once into oneDNN's blocked layout helps on
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # bf16 only pays on CPUs with bf16 units: the profile measures it
 BATCH_HINT = 16  # oneDNN picks its blocking for this many rows; 16 was as fast as 1 for one row and best for 4-24
 
 
@@ -27,7 +28,7 @@ def packing_enabled() -> bool:
 
 
 class PackedMatrix:
-    """`x @ weight.T (+ bias)` that uses a oneDNN-packed copy of `weight` for CPU fp32 inference."""
+    """`x @ weight.T (+ bias)` that uses a oneDNN-packed copy of `weight` for CPU fp32 / bf16 inference."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
         self.weight, self.bias, self.pack = weight, bias, pack
@@ -41,8 +42,8 @@ class PackedMatrix:
     def _usable(self, x: torch.Tensor) -> bool:
         w = self.weight
         needs_grad = torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)
-        return (self.pack and not needs_grad and w.device.type == "cpu" and w.dtype == torch.float32
-                and x.dtype == torch.float32 and packing_enabled())
+        return (self.pack and not needs_grad and w.device.type == "cpu" and w.dtype in PACKED_DTYPES
+                and x.dtype == w.dtype and packing_enabled())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self._usable(x):

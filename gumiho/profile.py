@@ -37,7 +37,7 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (3, 4, 6, 8)
@@ -102,7 +102,7 @@ class ExecPath:
 
     dtype: str  # a key of DTYPES
     forward: str = "lean"  # "lean" | "transformers"
-    pack: bool = False  # oneDNN-packed fp32 matmuls (CPU only)
+    pack: bool = False  # oneDNN-packed matmuls (CPU, fp32 and bf16)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -128,6 +128,8 @@ def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPat
         paths.append(ExecPath("float32", forward, pack=True))
     if bf16_units(device):
         paths.append(ExecPath("bfloat16", forward))
+        if packing_enabled():
+            paths.append(ExecPath("bfloat16", forward, pack=True))
     return paths
 
 
@@ -346,8 +348,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
 
 def load_or_measure(target: Target, drafters: dict[str, Drafter], progress: bool = True,
                     on_progress: Callable[[float], None] | None = None) -> MachineProfile:
-    """The cached profile for this machine and model that timed (at least) these drafters' shapes, or a new
-    measurement, then cached. An entry measured on another machine, or that does not parse, is never used."""
+    """The cached profile for this machine and model that timed (at least) these drafters' shapes and every
+    candidate path, or a new measurement, then cached. An entry measured on another machine, or that does not
+    parse, is never used."""
     path, key = profile_path(target), profile_key(target)
     wanted = {m: drafter_key(d) for m, d in drafters.items()}
     store: dict = {}
@@ -359,7 +362,8 @@ def load_or_measure(target: Target, drafters: dict[str, Drafter], progress: bool
             profile = MachineProfile.from_dict(entry)
             if profile.signature != signature(target.device):
                 log.info("the profile in %s was measured on another machine: measuring again", path)
-            elif wanted.items() <= profile.drafters.items():
+            elif (wanted.items() <= profile.drafters.items()
+                  and [c.path for c in profile.costs] == candidate_paths(target.device, target.forward)):
                 return profile
     except FileNotFoundError:
         pass

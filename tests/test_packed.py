@@ -65,3 +65,12 @@ def test_pack_linears_keeps_parameters_and_state_dict():
     assert model.state_dict().keys() == before.keys()
     with torch.inference_mode():
         torch.testing.assert_close(model(x), expected.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_matches_linear_up_to_bf16_rounding():
+    torch.manual_seed(0)
+    weight, bias, x = (t.bfloat16() for t in (torch.randn(96, 48), torch.randn(96), torch.randn(3, 48)))
+    with torch.inference_mode():
+        got = PackedMatrix(weight, bias)(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.linear(x, weight, bias).float(), rtol=2e-2, atol=2e-2)

@@ -52,8 +52,11 @@ def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_
 
     def counting(target, drafters, **kwargs):  # what measure returns, without the time it takes (tested above)
         calls.append(1)
-        return MachineProfile(**{**flat_profile().__dict__, "signature": prof.signature(target.device),
-                                 "drafters": {m: prof.drafter_key(d) for m, d in drafters.items()}})
+        curve = flat_profile().costs[0]
+        return MachineProfile(signature=prof.signature(target.device), model=target.name,
+                              drafters={m: prof.drafter_key(d) for m, d in drafters.items()}, seconds=1.0,
+                              costs=[PathCost(p, curve.verify_ms, curve.draft_ms)
+                                     for p in prof.candidate_paths(target.device)])
 
     monkeypatch.setattr(prof, "measure", counting)
     first = prof.load_or_measure(target, drafters, progress=False)
@@ -68,7 +71,7 @@ def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_
     path.write_text(json.dumps(store))
     prof.load_or_measure(target, drafters, progress=False)
     assert len(calls) == 2
-    for corrupt in ("{not json", "[1, 2]", json.dumps({key: [{"version": 1, "costs": "x"}]}),
+    for corrupt in ("{not json", "[1, 2]", json.dumps({key: [{"version": 2, "costs": "x"}]}),
                     json.dumps({key: [{**entry, "version": 99}]}), json.dumps({key: "x"})):
         path.write_text(corrupt)
         prof.load_or_measure(target, drafters, progress=False)
