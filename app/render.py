@@ -168,14 +168,19 @@ def race_headline(traces: list[GenerationTrace]) -> str:
 
 
 def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
+    half = trace.settings.dtype in ("bfloat16", "float16")
     if diverges is None:
-        return "identical to AR"
+        return f"equal to AR up to {'bf16' if trace.settings.dtype == 'bfloat16' else 'fp16'} rounding" if half \
+            else "identical to AR"
     if trace.settings.sampling.get("temperature", 0) > 0:
         why = "sampling at T > 0 draws different tokens"
     elif any(c.fta_used for c in trace.steps):
         why = "FTA accepted borrowed tokens"
     elif trace.settings.fta_applied:
         why = "FTA let short paths attend to borrowed nodes, which changed a bonus token"
+    elif half:
+        why = (f"{trace.settings.dtype} rounds a tree forward and a one-token forward differently, which can flip "
+               "a near-tie")
     else:
         why = "floating-point ties in the tree forward"
     return f"differs from AR from token {diverges}: {why}"

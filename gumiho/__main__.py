@@ -54,6 +54,29 @@ def generate_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibrate_main(args: argparse.Namespace) -> int:
+    """Measure a drafter's acceptance statistics and write them beside its weights (or to --out)."""
+    from pathlib import Path
+
+    from .calibrate import calibrate
+    from .loader import build_engine, shipped_drafter
+
+    if args.method not in ("eagle2", "gumiho"):
+        raise GumihoError(f"calibrate needs a drafter method (eagle2 or gumiho), got {args.method!r}")
+    folder = args.drafter or shipped_drafter(args.model, args.method)
+    out = Path(args.out or folder or "")
+    if not args.out and (folder is None or not Path(folder).is_dir()):
+        raise GumihoError("give --out FOLDER: the drafter is not a local folder to write acceptance.json into")
+    engine = build_engine(args.model, {args.method: args.drafter}, device=args.device, threads=args.threads,
+                          dtype=args.dtype, trees="default")
+    acceptance = calibrate(engine, args.method, max_new_tokens=args.max_new_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    acceptance.save(out)
+    taus = ", ".join(f"top_k {k}: {acceptance.tau(k, 16):.2f}" for k in sorted(acceptance.prefix_ranks))
+    print(f"wrote {out / 'acceptance.json'} (tau at 16 tokens: {taus})", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m gumiho", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -75,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     add_device_arguments(gen)
     add_tree_arguments(gen)
+    cal = commands.add_parser("calibrate", help="measure a drafter's acceptance statistics (acceptance.json) for "
+                              "the automatic trees")
+    cal.add_argument("--method", default="gumiho", help="eagle2 | gumiho")
+    cal.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
+    cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
+    cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")
+    cal.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration prompt")
+    add_device_arguments(cal)
     commands.add_parser("bench", help="benchmark harness (python -m gumiho bench --help)", add_help=False)
     commands.add_parser("train", help="train a drafter (python -m gumiho train --help)", add_help=False)
     commands.add_parser("export", help="write a drafter in the papers' formats (python -m gumiho export --help)",
@@ -92,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             return importlib.import_module(f"gumiho.{argv[0]}.__main__").main(argv[1:])
         args = build_parser().parse_args(argv)
         quiet_libraries()
-        return run_reporting_errors(lambda: generate_main(args))
+        command = calibrate_main if args.command == "calibrate" else generate_main
+        return run_reporting_errors(lambda: command(args))
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

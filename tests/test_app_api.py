@@ -35,8 +35,9 @@ LONG = ("Tell me a long story.", "ar", 2, NEW_TOKENS_LIMIT) + GENERATE[4:]
 
 @pytest.fixture(scope="module")
 def server():
+    # fp32, where greedy speculative output is exactly AR's (the browser tests run the automatic choice)
     with served_app("app-api", "--max-run-seconds", str(BUDGET_S), "--queue-size", str(QUEUE),
-                    "--max-new-tokens-limit", str(NEW_TOKENS_LIMIT)) as url:
+                    "--max-new-tokens-limit", str(NEW_TOKENS_LIMIT), "--dtype", "float32") as url:
         yield url
 
 

@@ -299,6 +299,9 @@ def test_plain_transformers_generate_rows_equal_ar_and_give_vs_transformers():
     ref = plain.set_index("question_id")
     assert (spec["vs_transformers"] == spec["tokens_per_s"] / ref["tokens_per_s"]).all()
     assert summarize(rows)["vs_transformers"].notna().all()
+    from gumiho.bench.breakdown import profile
+
+    assert list(profile(engine, variants, "w1 w2", 6, rounds=1)["method"]) == ["ar", "gumiho"]  # no cycles to split
 
 
 @pytest.mark.parametrize("args,message", [

@@ -187,3 +187,15 @@ def test_bf16_units_are_read_from_the_processor(monkeypatch):
     monkeypatch.setattr(prof, "cpu_features", lambda: ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"])
     assert prof.bf16_units(torch.device("cpu")) == "AMX"
     assert ExecPath("bfloat16") in prof.candidate_paths(torch.device("cpu"))
+
+
+def test_calibrate_cli_writes_acceptance_statistics(monkeypatch, tmp_path, capsys):
+    from gumiho import loader
+    from gumiho.__main__ import main
+
+    monkeypatch.setattr(loader, "build_engine", lambda *a, **k: tiny_engine(seed=3))
+    assert main(["calibrate", "--method", "eagle2", "--out", str(tmp_path), "--max-new-tokens", "4"]) == 0
+    acceptance = Acceptance.load(tmp_path)
+    assert acceptance is not None and sorted(acceptance.prefix_ranks) == list(prof.TOP_KS)
+    assert "wrote" in capsys.readouterr().err
+    assert main(["calibrate", "--method", "ar", "--out", str(tmp_path)]) == 2

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from ..engine import Engine, GenerationConfig, sync_device
+from ..engine import METHODS as ENGINE_METHODS, Engine, GenerationConfig, sync_device
 from ..sampling import SamplingConfig
 from .harness import Variant
 
@@ -110,7 +110,9 @@ def summarize_cycles(method: str, frame: pd.DataFrame) -> dict:
 
 
 def profile(engine: Engine, variants: list[Variant], prompt: str, max_new_tokens: int, rounds: int = 2) -> pd.DataFrame:
-    """Every variant `rounds` times on one prompt, interleaved; one summary row per variant."""
+    """Every engine variant `rounds` times on one prompt, interleaved; one summary row per variant (the transformers
+    reference has no cycles to break down)."""
+    variants = [v for v in variants if v.method in ENGINE_METHODS]
     frames: dict[str, list[pd.DataFrame]] = {v.name: [] for v in variants}
     for _ in range(rounds):
         for variant in variants:

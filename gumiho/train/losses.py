@@ -10,7 +10,7 @@ def feature_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """SmoothL1 (beta 1) averaged over the hidden size, then over rows. [N, H] x [N, H] -> scalar."""
     if predicted.shape[0] == 0:
         return predicted.sum() * 0
-    return F.smooth_l1_loss(predicted, target, beta=1.0)
+    return F.smooth_l1_loss(predicted.float(), target.float(), beta=1.0)
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:

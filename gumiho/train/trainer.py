@@ -18,6 +18,7 @@ from .batches import collate, epoch_order, on_device, plan_batches
 from .features import Sequence, load_sequences
 from .objective import LossWeights, batch_losses, mean_parts
 from .options import option
+from .precision import autocast, uses_bf16
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class TrainConfig:
     lr: float = option("AdamW peak learning rate", 2e-4)
     warmup_steps: int = option("linear warm-up steps, then linear decay to zero at the run's end", 50)
     batch_tokens: int = option("tokens per batch", 4096)
+    autocast: str = option("bf16 autocast for the drafter's matmuls (losses stay fp32): auto (on a CPU with bf16 "
+                           "units), bf16 or off", "auto")
     max_len: int = option("cut sequences to this many tokens", 1024)
     max_sequences: int = option("use only the first N sequences; 0: all", 0)
     clip_norm: float = option("gradient clipping norm", 0.5)
@@ -245,6 +248,7 @@ def log_progress(config: TrainConfig, state: TrainState) -> None:
 def train(config: TrainConfig, target: Target) -> Path:
     if config.unroll < 1:
         raise GumihoError(f"--unroll must be >= 1, got {config.unroll}")
+    log.info("bf16 autocast %s", "on" if uses_bf16(target.device, config.autocast) else "off")
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
@@ -283,7 +287,9 @@ def train(config: TrainConfig, target: Target) -> Path:
         while state.batch < len(order) and state.step < state.length.steps:
             batch = collate([sequences[i] for i in order[state.batch]], dev)
             generator.manual_seed(config.seed * 1_000_003 + state.step)
-            loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator, config.unroll)
+            with autocast(dev, config.autocast):
+                loss, parts = batch_losses(drafter, batch, weights, config.noise, mlp_ce_on, generator,
+                                           config.unroll)
             state.optimize(loss, config.clip_norm)
             state.batch += 1
             state.step += 1
