@@ -169,3 +169,22 @@ def test_fine_tune_from_a_drafter_with_unrolled_steps(corpus, tmp_path):
         train(_config("eagle2", data, tmp_path / "c", init=str(first / "drafter")), target)
     with pytest.raises(GumihoError, match="unroll"):
         train(_config("eagle2", data, tmp_path / "d", unroll=0), target)
+
+
+def test_bf16_autocast_trains_fp32_weights_with_fp32_losses(corpus, tmp_path, monkeypatch):
+    from gumiho.train import precision
+
+    target, data = corpus
+    runs = {mode: json.loads((train(_config("gumiho", data, tmp_path / mode, epochs=2, autocast=mode), target)
+                              / "train.json").read_text()) for mode in ("off", "bf16")}
+    off, bf16 = (runs[m]["history"][-1]["loss"] for m in ("off", "bf16"))
+    assert torch.isfinite(torch.tensor(bf16)) and bf16 != off  # bf16 matmuls, so not bit-identical
+    assert abs(bf16 - off) < 0.1 * abs(off)
+    drafter = Drafter.from_pretrained(tmp_path / "bf16" / "drafter")
+    assert all(p.dtype == torch.float32 for p in drafter.parameters())
+    monkeypatch.setattr(precision, "bf16_units", lambda device: "")
+    assert not precision.uses_bf16(torch.device("cpu"), "auto") and precision.uses_bf16(torch.device("cpu"), "bf16")
+    monkeypatch.setattr(precision, "bf16_units", lambda device: "AMX")
+    assert precision.uses_bf16(torch.device("cpu"), "auto") and not precision.uses_bf16(torch.device("cpu"), "off")
+    with pytest.raises(GumihoError, match="--autocast must be one of"):
+        precision.uses_bf16(torch.device("cpu"), "fp8")
