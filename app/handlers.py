@@ -22,6 +22,7 @@ from gumiho.errors import GumihoError
 from gumiho.trace import GenerationTrace
 
 from . import figures, validate
+from .render import is_reference
 from .examples import Example
 from .service import (
     RACE_ORDER,
@@ -319,15 +320,17 @@ class Handlers:
                            for m, s in race_settings(settings).items()}
                 yield {ui.pick: None}
                 traces: list[GenerationTrace] = []
-                runs = race(self.loader.engine, prompt, configs, control, self.limits)
+                runs = race(self.loader.engine, prompt, configs, control, self.limits, self.loader.reference())
                 with closing(follow(runs, RACE_EVERY_S, control.stop)) as updates:
                     for traces in updates:
                         running = method_name(traces[-1].method)
-                        yield {ui.message: f"Racing: {running} ({len(traces)} of {len(RACE_ORDER)})…",
+                        yield {ui.message: f"Racing: {running} ({len(traces)} of {len(RACE_ORDER) + 1})…",
                                **ui.values(traces)}
-                finished = len(traces) == len(RACE_ORDER)
-                yield {ui.message: ending(control, traces[-1] if traces else None, self.limits, finished),
-                       **ui.values(traces), ui.files: save_traces(traces)}
+                engine_traces = [t for t in traces if not is_reference(t)]  # a replayable trace is an engine's
+                finished = len(engine_traces) == len(RACE_ORDER)
+                yield {ui.message: ending(control, engine_traces[-1] if engine_traces else None, self.limits,
+                                          finished),
+                       **ui.values(traces), ui.files: save_traces(engine_traces)}
             except Exception as exc:
                 yield {ui.message: failure(exc)}
 

@@ -15,8 +15,8 @@ from .analysis import Token, elapsed_s, first_divergence, output_tokens, time_sh
 from .style import BONUS_COLOR, method_name, source_color, source_name, source_order, token_label
 
 PATH_COLUMNS = ["path", "tokens (root → leaf; [FTA-borrowed])", "length", "accepted", "leaf score"]
-RACE_COLUMNS = ["method", "tokens", "cycles", "τ", "wall s", "tokens/s", "speed-up vs AR", "draft %", "verify %",
-                "other %"]
+RACE_COLUMNS = ["method", "tokens", "cycles", "τ", "wall s", "tokens/s", "speed-up vs AR", "vs transformers", "draft %",
+                "verify %", "other %"]
 
 
 EMPTY_OUTPUT = '<div class="gm-output"><i>no output yet</i></div>'
@@ -140,9 +140,11 @@ def paths_table(cycle: CycleTrace) -> pd.DataFrame:
 
 
 def race_table(traces: list[GenerationTrace]) -> pd.DataFrame:
-    """Headline numbers per method; speed-up is tokens/s over the AR run's tokens/s."""
+    """Headline numbers per method; speed-up is tokens/s over the AR run's tokens/s, and over plain transformers
+    generate's (the reference row, which has no cycles) when it ran."""
     rates = {t.method: len(token_ids(t)) / elapsed_s(t) if elapsed_s(t) else 0.0 for t in traces}
     base = rates.get("ar", 0.0)
+    plain = next((rates[t.method] for t in traces if is_reference(t)), 0.0)
     rows = []
     for trace in traces:
         shares = time_shares(trace)
@@ -150,10 +152,15 @@ def race_table(traces: list[GenerationTrace]) -> pd.DataFrame:
         rows.append([
             method_name(trace.method) + (" +FTA" if trace.settings.fta_applied else ""),
             len(token_ids(trace)), trace.cycles, round(_tau(trace), 2), round(elapsed_s(trace), 2), round(rate, 1),
-            f"{rate / base:.2f}×" if base else "–",
+            f"{rate / base:.2f}×" if base else "–", f"{rate / plain:.2f}×" if plain else "–",
             round(100 * shares["draft"]), round(100 * shares["verify"]), round(100 * shares["other"]),
         ])
     return pd.DataFrame(rows, columns=RACE_COLUMNS)
+
+
+def is_reference(trace: GenerationTrace) -> bool:
+    """The race's plain transformers generate run: a row in the table, no cycles to draw."""
+    return trace.method.startswith("transformers-")
 
 
 def race_headline(traces: list[GenerationTrace]) -> str:

@@ -26,6 +26,7 @@ from .style import method_name
 from .validate import Limits, prompt_tokens
 
 if TYPE_CHECKING:
+    from gumiho.bench.reference import TransformersReference
     from gumiho.engine import Engine, GenerationConfig, Run
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class EngineLoader:
         self._load = load
         self._ready = threading.Event()
         self.engine: Engine | None = None
+        self._reference: TransformersReference | None = None
         self.error: str | None = None
         self.phase = "starting"
         self.started = time.monotonic()
@@ -132,6 +134,16 @@ class EngineLoader:
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    def reference(self) -> TransformersReference | None:
+        """Plain transformers generate on a fresh copy of the engine's model (loaded on its first race)."""
+        if self.engine is None:
+            return None
+        if self._reference is None:
+            from gumiho.bench.reference import TransformersReference
+
+            self._reference = TransformersReference(self.engine.target, self.engine.target.name)
+        return self._reference
 
     @property
     def device(self) -> str:
@@ -258,9 +270,10 @@ def stream(engine: Engine, prompt: str, method: str, config: GenerationConfig, c
 
 
 def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig], control: Control,
-         limits: Limits = Limits()) -> Iterator[list[GenerationTrace]]:
+         limits: Limits = Limits(), reference: TransformersReference | None = None) -> Iterator[list[GenerationTrace]]:
     """EAGLE-2, Gumiho and AR one after the other (never concurrently, so timings stay honest); each run has the
-    time budget."""
+    time budget. Then, when all three finished, plain transformers `generate` on the same prompt ids and settings in
+    the engine's dtype (the honest baseline), with the same budget (its `max_time`)."""
     done: list[GenerationTrace] = []
     for method in RACE_ORDER:
         if control.stopped:
@@ -269,6 +282,12 @@ def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig], cont
         for trace in stream(engine, prompt, method, configs[method], control, limits):
             yield done + [trace]
         done.append(trace)
+    if reference is not None and len(done) == len(RACE_ORDER) and not control.stopped:
+        config = configs["ar"]
+        dtype = str(engine.target.dtype).removeprefix("torch.")
+        yield done + [reference.generate(dtype, prompt, engine.target.encode_prompt(prompt), config.max_new_tokens,
+                                         config.sampling.temperature, config.seed,
+                                         max_time=limits.max_run_seconds)]
 
 
 def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iterator[T]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-METHOD_NAMES = {"eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA", "ar": "AR"}
+METHOD_NAMES = {"eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA", "ar": "AR",
+                "transformers-fp32": "transformers generate (fp32)", "transformers-bf16": "transformers generate (bf16)",
+                "transformers-fp16": "transformers generate (fp16)"}
 METHOD_COLORS = {"eagle2": "#2a9d8f", "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "ar": "#6c757d"}
 
 # Gumiho: the serial Transformer in blues, the parallel MLP heads in warm colours. EAGLE-2: greens by depth.

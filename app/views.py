@@ -73,9 +73,10 @@ class RaceView:
 
     @classmethod
     def of(cls, traces: list[GenerationTrace]) -> RaceView:
-        return cls(render.race_headline(traces), render.race_table(traces), figures.race_timeline_figure(traces),
-                   figures.race_tau_figure(traces), figures.race_timing_figure(traces),
-                   render.race_texts_html(traces))
+        engine = [t for t in traces if not render.is_reference(t)]  # the reference run is a table row only
+        return cls(render.race_headline(traces), render.race_table(traces), figures.race_timeline_figure(engine),
+                   figures.race_tau_figure(engine), figures.race_timing_figure(engine),
+                   render.race_texts_html(engine))
 
 
 def showcase_cycle(trace: GenerationTrace) -> CycleTrace | None:

@@ -24,11 +24,10 @@ from .kv import keep_accepted
 from .packed import pack_linears
 from .sampling import SamplingConfig, pick
 from .target import Target
-from .trace import CycleTrace, GenerationTrace, RunSettings, TraceNode, TracePath
+from .trace import METHODS, CycleTrace, GenerationTrace, RunSettings, TraceNode, TracePath
 from .tree import DraftPool, DraftTree, TreeSettings, build_tree
 from .verify import verify
 
-METHODS = ("ar", "eagle2", "gumiho")
 
 
 @dataclass

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
+METHODS = ("ar", "eagle2", "gumiho")
 READABLE_SCHEMAS = (1, 2)
 
 
@@ -157,6 +158,8 @@ class GenerationTrace:
             raise TraceError("a trace must be a JSON object")
         if data.get("schema") not in READABLE_SCHEMAS:
             raise TraceError(f"unsupported trace schema {data.get('schema')!r} (expected {SCHEMA_VERSION})")
+        if data.get("method") not in METHODS:
+            raise TraceError(f"unknown method {data.get('method')!r}")
         try:
             steps = [_cycle_from_dict(s) for s in data.get("steps", [])]
             if not isinstance(data.get("settings"), dict):
@@ -194,7 +197,7 @@ def _cycle_from_dict(data: dict) -> CycleTrace:
 
 
 def _check(trace: GenerationTrace) -> None:
-    if trace.method not in ("ar", "eagle2", "gumiho"):
+    if trace.method not in METHODS:
         raise TraceError(f"unknown method {trace.method!r}")
     for step in trace.steps:
         if [n.id for n in step.nodes] != list(range(len(step.nodes))):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gumiho.trace import CycleTrace, GenerationTrace, TraceNode, TracePath
+from gumiho.trace import CycleTrace, GenerationTrace, RunSettings, TraceNode, TracePath
 
 TOKENS = {"The": 10, " cat": 11, " dog": 12, " sat": 13, " on": 14, " ran": 15, " the": 16, ".": 17}
 
@@ -43,10 +43,10 @@ def ar_cycle(index: int, root: str, bonus: str) -> CycleTrace:
                                                                                  accepted=0)])
 
 
-def settings(method: str, fta: bool = False) -> dict:
+def settings(method: str, fta: bool = False) -> RunSettings:
     tree = None if method == "ar" else {"top_k": 2, "depth": 6, "total_tokens": 6, "fta": fta}
-    return {"sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0}, "tree": tree, "fta_applied": fta,
-            "max_new_tokens": 6}
+    return RunSettings(sampling={"temperature": 0.0, "top_p": 1.0, "top_k": 0}, tree=tree, fta_applied=fta,
+                       max_new_tokens=6, chat=True, seed=0, device="cpu", threads=1)
 
 
 def gumiho_trace() -> GenerationTrace:

@@ -183,6 +183,21 @@ def test_race_table_speedup_is_over_ar():
     assert list(table["τ"]) == [2.5, 1.0]
 
 
+def test_the_transformers_reference_is_a_table_row_and_nothing_else():
+    from dataclasses import replace
+
+    from app.views import RaceView
+
+    plain = replace(ar_trace(), method="transformers-bf16", steps=[], wall_s=1.2)  # half AR's speed
+    table = render.race_table(race_traces() + [plain])
+    assert list(table["method"]) == ["Gumiho +FTA", "AR", "transformers generate (bf16)"]
+    assert list(table["vs transformers"]) == ["4.00×", "2.00×", "1.00×"]
+    assert list(render.race_table(race_traces())["vs transformers"]) == ["–", "–"]
+    view = RaceView.of(race_traces() + [plain])
+    assert [t.name for t in view.timeline.data] == ["Gumiho +FTA", "AR"]  # no cycles to draw for the reference
+    assert "transformers generate" not in view.texts
+
+
 def test_race_texts_mark_where_a_text_leaves_ar():
     same = render.race_texts_html(race_traces())
     assert "identical to AR" in same and "gm-diff" not in same
@@ -393,7 +408,8 @@ def handlers_for(loader=None, limits: Limits = Limits()) -> Handlers:
 
     from app.layout import TREE_LABELS
 
-    loader = loader or SimpleNamespace(device="cpu", ready=False)
+    loader = loader or SimpleNamespace(device="cpu", ready=False,
+                                       default_tree=lambda method: TreeSettings.default(method, "cpu"))
     tree = {name: gr.Slider(label=name) for name in TREE_LABELS} | {"fta": gr.Checkbox()}
     explore = ExploreParts(gr.Markdown(), gr.Markdown(), gr.HTML(), gr.HTML(), gr.Slider(), gr.Markdown(), gr.Plot(),
                            gr.Dataframe(), gr.State(), gr.Dropdown(), gr.DownloadButton(), gr.State(), gr.Timer(),

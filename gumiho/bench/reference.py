@@ -56,7 +56,8 @@ class TransformersReference:
 
     @torch.inference_mode()
     def generate(self, dtype: str, prompt: str, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-                 seed: int, chat: bool = True) -> GenerationTrace:
+                 seed: int, chat: bool = True, max_time: float | None = None) -> GenerationTrace:
+        """`max_time`: transformers' own wall-clock limit (the app's time budget); None for none."""
         model, device = self.model(dtype), self.target.device
         inputs = torch.tensor([prompt_ids], device=device)
         sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature,
@@ -70,11 +71,13 @@ class TransformersReference:
         pad = self.target.tokenizer.pad_token_id
         out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
                              eos_token_id=eos or None, pad_token_id=eos[0] if pad is None and eos else pad or 0,
-                             **sampling)
+                             max_time=max_time, **sampling)
         sync_device(device)
         wall = time.perf_counter() - start
         ids = out[0, inputs.shape[1]:].tolist()
         finish = "eos" if ids and ids[-1] in self.target.eos_ids else "length"
+        if finish == "length" and len(ids) < max_new_tokens:
+            finish = "stopped"  # max_time ran out
         settings = RunSettings(sampling={"temperature": temperature, "top_p": 1.0, "top_k": 0}, tree=None,
                                fta_applied=False, max_new_tokens=max_new_tokens, chat=chat, seed=seed,
                                device=device.type, threads=torch.get_num_threads(), dtype=dtype,
