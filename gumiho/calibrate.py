@@ -6,7 +6,6 @@ evaluation data. The statistics depend on the drafter and the target only, so th
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from tqdm import tqdm
 
@@ -15,7 +14,6 @@ from .engine import Engine, GenerationConfig
 from .profile import TOP_KS, widest_tree
 from .sampling import SamplingConfig
 from .trace import CycleTrace
-from .tree import TreeSettings
 
 PROMPTS = (
     "Describe how a bicycle works, part by part.",
@@ -43,11 +41,10 @@ def accepted_prefix_ranks(cycle: CycleTrace) -> list[int]:
 
 def calibrate(engine: Engine, method: str, top_ks: tuple[int, ...] = TOP_KS, prompts: tuple[str, ...] = PROMPTS,
               max_new_tokens: int = 64, progress: bool = True) -> Acceptance:
-    base = TreeSettings.default(method, engine.target.device.type)
     ranks: dict[int, list[list[int]]] = {}
     steps = [(k, p) for k in top_ks for p in prompts]
     for k, prompt in tqdm(steps, desc=f"calibrating {method}", disable=not progress, leave=False):
-        tree = replace(widest_tree(method, base, k), fta=False)
+        tree = widest_tree(method, k)
         config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=0.0), tree=tree)
         trace = engine.generate(prompt, method, config)
         ranks.setdefault(k, []).extend(accepted_prefix_ranks(c) for c in trace.steps)

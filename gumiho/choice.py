@@ -62,7 +62,8 @@ NAMES = {"ar": "AR", "eagle2": "EAGLE-2", "gumiho": "Gumiho"}
 
 def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Acceptance | None,
               top_k: int | None = None, total_tokens: int | None = None) -> MethodChoice:
-    """The (top_k, total_tokens) with the highest expected tokens/s on this path; fixed values are kept."""
+    """The (top_k, total_tokens) with the highest expected tokens/s on this path, in the calibrated tree family
+    (`profile.widest_tree`) with `base`'s FTA setting; fixed values are kept."""
     ar = 1e3 / cost.verify_at(1, KV_TYPICAL)
     known = acceptance is not None and cost.draft_ms.get(method)
     top_ks = [top_k] if top_k else sorted(cost.draft_ms.get(method, {}))
@@ -73,14 +74,14 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         return MethodChoice(method, tree, ar, 1.0, f"{why}: default tree")
     best: tuple[float, int, int] | None = None
     for k in top_ks:
-        widest = widest_tree(method, base, k)
+        widest = widest_tree(method, k)
         sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
         for n in sizes:
             rate = 1e3 * acceptance.tau(k, n) / (cost.draft_ms[method][k] + cost.verify_at(n, KV_TYPICAL))
             if best is None or rate > best[0]:
                 best = (rate, k, n)
     rate, k, n = best
-    tree = replace(widest_tree(method, base, k), total_tokens=n)
+    tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta)
     return MethodChoice(method, tree, rate, rate / ar)
 
 

@@ -271,11 +271,10 @@ class DraftTimer:
         self.ids = torch.randint(target.vocab_size, (260,), generator=generator).to(target.device)
         self.features = target.features(self.ids, target.new_cache())
         self.drafter, self.method, self.device = drafter, method, target.device
-        self.base = TreeSettings.default(method, target.device.type)
 
     @torch.inference_mode()
     def __call__(self, top_k: int) -> float:
-        tree, drafter = widest_tree(self.method, self.base, top_k), self.drafter
+        tree, drafter = widest_tree(self.method, top_k), self.drafter
         drafter.reset()
         drafter.propose(self.features[:256], self.ids[1:257], tree)
         drafter.cache.truncate(256)
@@ -287,10 +286,13 @@ class DraftTimer:
         return (time.perf_counter() - start) * 1e3
 
 
-def widest_tree(method: str, base: TreeSettings, top_k: int) -> TreeSettings:
-    """`base` with another top_k (Gumiho's per-head candidates and pruning never below it), verifying everything
-    it drafts up to the largest profiled size."""
-    shape = replace(base, top_k=top_k, total_tokens=1)
+def widest_tree(method: str, top_k: int) -> TreeSettings:
+    """The tree family that the profile times, the calibration measures and the choice picks from, the same on
+    every device (so a drafter's acceptance statistics apply everywhere): the method's CPU default shape with
+    another top_k (Gumiho's per-head candidates and pruning never below it), FTA off, verifying everything it
+    drafts up to the largest profiled size."""
+    base = TreeSettings.default(method, "cpu")
+    shape = replace(base, top_k=top_k, total_tokens=1, fta=False)
     if method == "gumiho":
         shape = replace(shape, mlptopk=max(base.mlptopk, top_k), pruning=max(base.pruning, top_k))
     return replace(shape, total_tokens=min(max(SIZES), shape.pool_size(method) + 1))

@@ -68,7 +68,7 @@ def test_generate_returns_a_trace(client):
     assert any(t.get("name") == "bonus (target's token)" for t in figure["data"])
 
 
-def test_race_returns_three_runs_in_order(client):
+def test_race_returns_three_runs_in_order_then_plain_transformers_generate(client):
     result = client.predict("Name a colour.", 0, 10, 4, 16, False, api_name="/race")
     assert result[MESSAGE] == "Done.", result[MESSAGE]
     traces = [load(path) for path in result[-1]]
@@ -78,7 +78,9 @@ def test_race_returns_three_runs_in_order(client):
     # Greedy without FTA: every method writes exactly the target's own tokens.
     assert traces[0].token_ids == traces[1].token_ids == traces[2].token_ids
     table = result[2]
-    assert [row[0] for row in table["data"]] == ["EAGLE-2", "Gumiho", "AR"]
+    assert [row[0] for row in table["data"]] == ["EAGLE-2", "Gumiho", "AR", "transformers generate (fp32)"]
+    assert table["data"][3][2] == table["data"][2][2] == 9  # cycles: the reference generated the same 10 tokens
+    assert table["data"][3][7] == "1.00×"  # vs transformers
     assert "identical to AR" in result[6]
 
 

@@ -426,7 +426,7 @@ def test_a_run_stopped_in_the_queue_never_starts():
     loader = SimpleNamespace(wait=lambda timeout: engine, engine=engine, phase="ready", device="cpu")
     handlers, request = handlers_for(loader), SimpleNamespace(session_hash="a")
     ran = []
-    engine.run = lambda *a, **k: ran.append(a)  # noqa: the run must not even be created
+    engine.run = lambda *a, **k: ran.append(a)  # the run must not even be created
     handlers.queue(request)
     assert handlers.stop(request).startswith("Stopping")
     outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, request))

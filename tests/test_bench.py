@@ -119,7 +119,7 @@ def test_counterfactual_tau_matches_real_smaller_trees():
     for method in ("gumiho", "eagle2"):
         acceptance = calibrate(engine, method, top_ks=(4,), prompts=(prompt,), max_new_tokens=2, progress=False)
         first = acceptance.prefix_ranks[4][0]
-        widest = widest_tree(method, TreeSettings.default(method), 4)
+        widest = widest_tree(method, 4)
         for n in (2, 4, 8, 16, 24):
             config = GenerationConfig(max_new_tokens=64, sampling=SamplingConfig(temperature=0.0), trace=False,
                                       tree=TreeSettings(**{**widest.to_dict(), "total_tokens": n}))

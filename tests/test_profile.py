@@ -112,7 +112,7 @@ def test_best_tree_maximises_expected_tokens_per_s():
     rates = {}
     for k in (3, 4, 6, 8):
         for n in SIZES[1:]:
-            widest = prof.widest_tree("gumiho", base, k)
+            widest = prof.widest_tree("gumiho", k)
             if n <= widest.total_tokens:
                 rates[(k, n)] = 1e3 * deep_acceptance().tau(k, n) / (cost.draft_ms["gumiho"][k] + cost.verify_at(n, 512))
     k, n = max(rates, key=rates.get)
