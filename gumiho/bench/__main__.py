@@ -109,7 +109,7 @@ def run_identity(engine, args: argparse.Namespace, settings: BenchSettings) -> d
 
     questions = [[q.dataset, q.question_id, q.turns] for name in settings.datasets
                  for q in load_questions(name, settings.data_dir, settings.limit)]
-    machine = describe(engine.target.device, engine.target.dtype)
+    machine = describe(engine.target.device, engine.target.dtype, engine.target.pack, engine.target.forward)
     return {"settings": {k: v for k, v in settings.to_dict().items() if k != "data_dir"},
             "prompts": hashlib.sha256(json.dumps(questions).encode()).hexdigest()[:16],
             "methods": list(args.methods), "total_tokens": args.total_tokens, "tree_top_k": args.tree_top_k,
@@ -176,7 +176,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
         "command": "python -m gumiho bench " + shlex.join(a for a in argv if a != "--resume"),
         "duration_s": round(journal.duration_s(), 1),
         "segments": journal.segments(),
-        "machine": describe(target.device, target.dtype),
+        "machine": describe(target.device, target.dtype, target.pack, target.forward),
         "load": load.summary(torch.get_num_threads(), earlier=journal.earlier_load()),
         "model": target.name,
         "drafters": dict(engine.drafter_names),

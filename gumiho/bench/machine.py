@@ -12,17 +12,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..packed import packing_enabled
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from ..packed import PACKED_DTYPES, packing_enabled
+from ..profile import cpu_features, cpu_name
 
 
 def _memory_gib() -> float | None:
@@ -35,21 +26,24 @@ def _memory_gib() -> float | None:
     return None
 
 
-def describe(device: torch.device, dtype: torch.dtype) -> dict:
+def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forward: str = "lean") -> dict:
+    """The machine and the execution path a run used (`pack`, `forward`: the target's)."""
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
-    packed = device.type == "cpu" and dtype == torch.float32 and packing_enabled()
+    packed = pack and device.type == "cpu" and dtype in PACKED_DTYPES and packing_enabled()
+    features = cpu_features()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         description = f"{name} (GPU), {str(dtype).removeprefix('torch.')}"
     else:
-        name = _cpu_name()
-        description = f"{name}, {cores} cores, {threads} torch threads, {str(dtype).removeprefix('torch.')}"
+        name = cpu_name()
+        description = (f"{name} ({', '.join(features) or 'no AVX2'}), {cores} cores, {threads} torch threads, "
+                       f"{str(dtype).removeprefix('torch.')}, {forward} forward")
         if packed:
             description += ", oneDNN-packed matmuls"
-    return {"description": description, "device": device.type, "device_name": name, "cpu": _cpu_name(),
+    return {"description": description, "device": device.type, "device_name": name, "cpu": cpu_name(),
             "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype),
-            "packed_matmuls": packed,
+            "packed_matmuls": packed, "forward": forward, "cpu_features": features,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 
