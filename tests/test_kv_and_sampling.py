@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gumiho.engine import GenerationConfig
+from gumiho.engine import Engine, GenerationConfig
 from gumiho.kv import keep_accepted
 from gumiho.sampling import SamplingConfig, probabilities
+from gumiho.target import Target
 from gumiho.tree import DraftPool, build_tree
 from gumiho.verify import verify_sampling
 
@@ -110,11 +111,25 @@ def exact_joint(target, prefix: list[int], cfg: SamplingConfig, vocab: int, leng
     return joint
 
 
-@pytest.mark.parametrize("method,temperature", [("eagle2", 0.7), ("gumiho", 1.0)])
-def test_engine_sampling_matches_the_target_distribution(method, temperature):
+def in_dtype(engine: Engine, dtype: torch.dtype) -> Engine:
+    """The same target and drafters run in another dtype (the drafters follow the target's when attached)."""
+    t = engine.target
+    target = Target(model=t.model.to(dtype), tokenizer=t.tokenizer, name=t.name, device=t.device, dtype=dtype,
+                    eos_ids=t.eos_ids)
+    other = Engine(target)
+    for method, drafter in engine.drafters.items():
+        other.add_drafter(method, drafter)
+    return other
+
+
+@pytest.mark.parametrize("method,temperature,dtype", [("eagle2", 0.7, torch.float32), ("gumiho", 1.0, torch.float32),
+                                                      ("gumiho", 1.0, torch.bfloat16)])
+def test_engine_sampling_matches_the_target_distribution(method, temperature, dtype):
+    """Lossless in every dtype: in bf16 too, each emitted token follows the target's (bf16) distribution."""
     vocab, length, prefix = 4, 3, [0, 2, 1, 3]
     engine = tiny_engine(seed=12, vocab=vocab, drafter_seed=12)
     engine.target.model.lm_head.weight.mul_(0.5)  # flatter, so that every cell is visited
+    engine = in_dtype(engine, dtype)
     from gumiho.tree import TreeSettings
 
     tree = (TreeSettings(top_k=2, depth=3, total_tokens=8) if method == "eagle2"
