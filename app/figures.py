@@ -177,7 +177,9 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
     if title is None:
         title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
                  f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
-    _base_layout(fig, html.escape(title, quote=False), int(150 + ROW_PX * leaves))
+    # Rows plus the label room above and below get ROW_PX each, on top of the title, axis and margins, so a small
+    # tree (one or two rows) keeps as much room per row, and its labels stay inside the plot, as a large one.
+    _base_layout(fig, html.escape(title, quote=False), int(160 + ROW_PX * (leaves + 0.4 + LABEL_ROOM)))
     return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, x=1.01), margin=dict(t=40))
 
 

@@ -111,6 +111,21 @@ def test_generate_streams_and_draws_the_tree(page):
     tree_plot(page).screenshot(path=str(SHOTS / "issue15-1-tree-labels-inside.png"))
 
 
+def test_a_small_tree_keeps_its_labels_inside_the_plot_too(page):
+    """A chain of a few nodes (small automatic trees are common on a CPU) gets as much room per row as a big tree."""
+    advanced = page.get_by_text("Advanced", exact=False).first
+    advanced.click()
+    total = "total tokens verified per cycle (root incl.)"
+    before = number(page, total).input_value()
+    set_number(page, total, 3)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.get_by_text("Done.", exact=True).wait_for(timeout=LONG_MS)
+    page.get_by_text(re.compile(r"verified a tree of [1-3] tokens?")).first.wait_for()
+    assert labels_outside_the_plot_area(tree_plot(page)) == []
+    set_number(page, total, int(before))  # back to the engine's own choice for the tests below
+    advanced.click()
+
+
 def test_out_of_range_settings_get_a_message(page):
     for typed, shown in (("9999", "got 9999"), ("0", "got 0"), ("-5", "got -5")):
         number(page, "Max new tokens").fill(typed)
