@@ -115,14 +115,14 @@ class ExecPath:
 
 def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPath]:
     """What is worth measuring on this device. bf16 on a CPU without bf16 units is left out: it is slower than
-    fp32 by a wide margin (software conversion), so measuring it would only spend the time budget. The
+    fp32 by a wide margin (software conversion), so measuring it would only spend the time budget. A GPU gets the
+    half-precision dtype it was loaded in: a second copy of a GPU-sized model may not fit. The
     transformers forward is measured only for models the lean forward does not run: where both run, the lean one
     does the same arithmetic with less around it (docs/benchmarks.md has the comparison)."""
-    if device.type == "cuda":
-        half = [ExecPath("bfloat16", forward)] if torch.cuda.is_bf16_supported() else []
-        return half + [ExecPath("float16", forward)]
-    if device.type == "mps":
-        return [ExecPath("float32", forward), ExecPath("float16", forward)]
+    if device.type == "cuda":  # one path: a second copy of a GPU-sized model in another dtype may not fit
+        return [ExecPath("bfloat16" if torch.cuda.is_bf16_supported() else "float16", forward)]
+    if device.type == "mps":  # untested here (no Apple machine)
+        return [ExecPath("float32", forward)]
     paths = [ExecPath("float32", forward)]
     if packing_enabled():
         paths.append(ExecPath("float32", forward, pack=True))
