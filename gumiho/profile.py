@@ -185,9 +185,6 @@ class MachineProfile:
     seconds: float
     version: int = VERSION
 
-    def cost(self, path: ExecPath) -> PathCost | None:
-        return next((c for c in self.costs if c.path == path), None)
-
     def to_dict(self) -> dict:
         return asdict(self)
 
