@@ -16,6 +16,16 @@ from pathlib import Path
 ACCEPTANCE_FILE = "acceptance.json"
 
 
+def file_name(method: str = "") -> str:
+    """acceptance.json for the folder's own method, acceptance-METHOD.json for a method borrowing its weights."""
+    return f"acceptance-{method}.json" if method else ACCEPTANCE_FILE
+
+
+def borrowed_methods(folder: str | Path) -> list[str]:
+    """Methods with their own statistics in a drafter folder besides the folder's own."""
+    return sorted(p.stem.removeprefix("acceptance-") for p in Path(folder).glob("acceptance-*.json"))
+
+
 @dataclass
 class Acceptance:
     """Per top_k, one list per calibration cycle: the running maximum rank of its accepted nodes."""
@@ -28,14 +38,15 @@ class Acceptance:
             return 1.0
         return 1.0 + sum(sum(r < n - 1 for r in cycle) for cycle in ranks) / len(ranks)
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, method: str = "") -> None:
         data = {"version": 1, "prefix_ranks": {str(k): v for k, v in sorted(self.prefix_ranks.items())}}
-        (Path(folder) / ACCEPTANCE_FILE).write_text(json.dumps(data) + "\n")
+        (Path(folder) / file_name(method)).write_text(json.dumps(data) + "\n")
 
     @classmethod
-    def load(cls, folder: str | Path) -> Acceptance | None:
-        """The statistics stored with a drafter, or None when there are none (or they do not parse)."""
-        path = Path(folder) / ACCEPTANCE_FILE
+    def load(cls, folder: str | Path, method: str = "") -> Acceptance | None:
+        """The statistics stored with a drafter (`method`: those of a method that drafts with its weights, as
+        EAGLE-1 with EAGLE-2's), or None when there are none (or they do not parse)."""
+        path = Path(folder) / file_name(method)
         try:
             data = json.loads(path.read_text())
             ranks = {int(k): [[int(r) for r in cycle] for cycle in v] for k, v in data["prefix_ranks"].items()}

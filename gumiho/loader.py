@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from .choice import choose
-from .drafters import Drafter, new_drafter
+from .drafters import Drafter, new_drafter, weights_kind
 from .drafters.checkpoint import load_drafter
 from .engine import Engine
 from .errors import GumihoError
@@ -22,7 +22,7 @@ SHIPPED = {DEFAULT_MODEL: {m: ASSETS / "drafters" / f"smollm2-135m-{m}" for m in
 
 
 def shipped_drafter(model: str | None, method: str) -> Path | None:
-    path = SHIPPED.get(model or DEFAULT_MODEL, {}).get(method)
+    path = SHIPPED.get(model or DEFAULT_MODEL, {}).get(weights_kind(method))
     return path if path is not None and (path / "model.safetensors").is_file() else None
 
 

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
-METHODS = ("ar", "eagle2", "gumiho")
+METHODS = ("ar", "eagle1", "eagle2", "gumiho")  # the papers' order after AR
 READABLE_SCHEMAS = (1, 2)
 
 

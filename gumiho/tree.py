@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 import torch
 
+from .static_tree import CHOICES, choices_for, layout
+
 
 @dataclass
 class DraftPool:
@@ -19,6 +21,8 @@ class DraftPool:
 
     A parent always comes before its children, and a child's score (cumulative log-prob) is never above its
     parent's, so the best-scored subset is closed under "parent of" (ties go to the earlier node, the ancestor).
+    A static tree (static_tree.py) also gives each node a `priority` (higher first, a parent above its children):
+    the tree then keeps the best nodes by priority, and the scores are only shown.
     """
 
     tokens: list[torch.Tensor] = field(default_factory=list)
@@ -26,11 +30,16 @@ class DraftPool:
     scores: list[torch.Tensor] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
+    priorities: list[torch.Tensor] = field(default_factory=list)
     size: int = 0
 
-    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, source: str, depth: int) -> torch.Tensor:
-        """Append one layer of nodes (1-D tensors of equal length); returns their pool indices."""
+    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, source: str, depth: int,
+            priority: torch.Tensor | None = None) -> torch.Tensor:
+        """Append one layer of nodes (1-D tensors of equal length); returns their pool indices. Give `priority`
+        for every layer of a pool or for none."""
         n = tokens.numel()
+        if priority is not None:
+            self.priorities.append(priority.reshape(-1).float())
         self.tokens.append(tokens.reshape(-1).long())
         self.parents.append(parents.reshape(-1).long())
         self.scores.append(scores.reshape(-1).float())
@@ -43,7 +52,8 @@ class DraftPool:
 
 @dataclass
 class DraftTree:
-    """A verification tree. Node 0 is the root (the token already decided); nodes are ordered depth-major.
+    """A verification tree. Node 0 is the root (the token already decided); a parent comes before its children
+    (dynamic trees are ordered depth-major, static trees in their official order).
 
     mask[i, j] is True when node i may attend to node j (its ancestors and itself; FTA adds borrowed nodes).
     paths holds one row per leaf, root first, padded with -1; filled marks the positions FTA borrowed.
@@ -102,15 +112,24 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
     keep_n = min(total_tokens - 1, pool.size)
     if keep_n > 0:
         scores = torch.cat(pool.scores)
-        # A stable sort keeps the earlier node (an ancestor) ahead on ties, so the kept set stays a tree.
-        kept = torch.sort(torch.sort(scores, descending=True, stable=True).indices[:keep_n]).values
+        if pool.priorities and len(pool.priorities) != len(pool.scores):
+            raise ValueError("a draft pool gives a priority for some of its layers only")
+        rank_by = torch.cat(pool.priorities) if pool.priorities else scores
+        # A stable sort keeps the earlier node (an ancestor) ahead on ties, so the kept set stays a tree. Kept
+        # nodes stay in pool order (depth-major), or in priority order for a static tree (its official order).
+        kept = torch.sort(rank_by, descending=True, stable=True).indices[:keep_n]
+        if not pool.priorities:
+            kept = torch.sort(kept).values
         tokens = torch.cat(pool.tokens)[kept]
         pool_parents = torch.cat(pool.parents)[kept]
         # Position of each kept node's parent among the kept nodes, shifted by one for the root.
+        where = torch.full((pool.size,), -1, dtype=torch.long, device=kept.device)
+        where[kept] = torch.arange(keep_n, device=kept.device)
         has_parent = pool_parents >= 0
-        idx = torch.searchsorted(kept, pool_parents.clamp(min=0)).clamp(max=keep_n - 1)
-        if not bool((kept[idx] == pool_parents)[has_parent].all()):
-            raise ValueError("draft pool is not closed under parent-of (a child scored above its parent?)")
+        idx = where[pool_parents.clamp(min=0)]
+        own = torch.arange(keep_n, device=kept.device)
+        if not bool(((idx >= 0) & (idx < own))[has_parent].all()):
+            raise ValueError("draft pool is not closed under parent-of (a child ranked above its parent?)")
         parent_pos = torch.where(has_parent, idx + 1, 0)
         kept_list = kept.tolist()
         parents = [-1] + parent_pos.tolist()
@@ -154,6 +173,8 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
 class TreeSettings:
     """Draft-tree shape. `depth` follows the reference code: EAGLE-2 expands `depth` times (tree depth depth+1);
     Gumiho drafts `depth + 1` tokens, 2 serially and `depth - 1` with MLP heads (depth 6 = 2 serial + 5 MLP).
+    A static tree (EAGLE-1, Medusa, Hydra; static_tree.py) keeps the first total_tokens - 1 official paths no
+    deeper than `depth`; its top_k is the widest rank of the full list, for the record.
 
     mlp_parent_align / serial_tree_mask fix two quirks of the official Gumiho code (docs/design.md §10); False reproduces it.
     """
@@ -169,6 +190,11 @@ class TreeSettings:
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
+        if method in CHOICES:  # the official static tree: all of it on a GPU, its first 11 nodes on a CPU
+            paths = choices_for(method)
+            depth = max(len(p) for p in paths)
+            size = len(paths) + 1 if device_type == "cuda" else 12
+            return cls(top_k=layout(method, depth, len(paths)).top_k, depth=depth, total_tokens=size)
         if device_type == "cuda":  # the papers' defaults: verifying ~60 tokens is almost free on a GPU
             return {
                 "eagle2": cls(top_k=10, depth=5, total_tokens=60),
@@ -196,6 +222,8 @@ class TreeSettings:
 
     def pool_size(self, method: str) -> int:
         """Candidates the drafter adds to the pool: the most a tree of this shape can verify besides the root."""
+        if method in CHOICES:
+            return len(choices_for(method, self.depth))
         if method != "gumiho":
             return self.top_k + self.depth * self.top_k**2
         size, branches = 2 * self.top_k, self.top_k  # serial-1, serial-2; then a beam per MLP head

@@ -35,6 +35,9 @@ def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: fl
                   dtype=torch.float32, eos_ids=set())
 
 
+DRAFTED = ("eagle1", "eagle2", "gumiho")  # the methods a tiny engine has drafters for
+
+
 def random_drafter(kind: str, target: Target, seed: int = 0, scale: float = 0.3) -> Drafter:
     """A drafter with every weight random (the MLP heads too, which start at zero), so trees vary from cycle to cycle."""
     drafter = new_drafter(kind, target.model.config, seed=seed)
@@ -48,7 +51,7 @@ def random_drafter(kind: str, target: Target, seed: int = 0, scale: float = 0.3)
 def tiny_engine(seed: int = 0, vocab: int = 16, drafter_seed: int = 0) -> Engine:
     target = tiny_target(seed, vocab)
     engine = Engine(target)
-    for kind in ("eagle2", "gumiho"):
+    for kind in DRAFTED:
         engine.add_drafter(kind, random_drafter(kind, target, drafter_seed))
     return engine
 

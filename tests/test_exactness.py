@@ -8,9 +8,11 @@ import torch
 from gumiho.engine import GenerationConfig
 from gumiho.tree import TreeSettings
 
-from .conftest import tiny_engine
+from .conftest import DRAFTED, tiny_engine
 
 SHAPES = {
+    "eagle1": [TreeSettings(top_k=4, depth=5, total_tokens=6), TreeSettings(top_k=4, depth=5, total_tokens=26),
+               TreeSettings(top_k=4, depth=3, total_tokens=12)],
     "eagle2": [TreeSettings(top_k=2, depth=3, total_tokens=6), TreeSettings(top_k=4, depth=5, total_tokens=24),
                TreeSettings(top_k=3, depth=2, total_tokens=12)],
     "gumiho": [TreeSettings(top_k=2, depth=3, total_tokens=6, mlptopk=2, pruning=2),
@@ -25,7 +27,7 @@ def prompt_for(seed: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
 
 
-@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("method", list(SHAPES))
 def test_greedy_equals_ar_on_tiny_models(method):
     accepted = 0
     for seed in range(8):
@@ -59,7 +61,7 @@ def test_trace_records_what_was_emitted():
 @pytest.mark.parametrize("budget", [1, 2, 7, 23])
 def test_max_new_tokens_is_exact(budget):
     engine = tiny_engine(seed=1, vocab=16, drafter_seed=1)
-    for method in ("ar", "eagle2", "gumiho"):
+    for method in ("ar", *DRAFTED):
         trace = engine.generate("", method, GenerationConfig(max_new_tokens=budget), prompt_ids=prompt_for(1, 16))
         assert trace.new_tokens == budget and trace.finish_reason == "length"
 
@@ -71,7 +73,7 @@ def test_eos_stops_every_method_at_the_same_token():
     eos = reference[12]
     engine.target.eos_ids = {eos}
     expected = reference[: reference.index(eos) + 1]
-    for method in ("ar", "eagle2", "gumiho"):
+    for method in ("ar", *DRAFTED):
         trace = engine.generate("", method, GenerationConfig(max_new_tokens=40), prompt_ids=ids)
         assert trace.token_ids == expected and trace.finish_reason == "eos"
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..acceptance import Acceptance
+from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
 from ..packed import PackedMatrix
 from ..tree import DraftPool, TreeSettings
@@ -40,6 +40,7 @@ class Drafter(nn.Module):
         self.head_weight: torch.Tensor | None = None
         self.cache = KVCache(config.num_layers)
         self.acceptance: Acceptance | None = None  # calibration statistics for automatic trees (choice.py)
+        self.acceptance_for: dict[str, Acceptance] = {}  # those of methods drafting with these weights (EAGLE-1)
 
     # --- shared weights -------------------------------------------------------------------------------------------
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, pack: bool = True) -> Drafter:
@@ -154,4 +155,5 @@ class Drafter(nn.Module):
         if missing or unexpected:
             raise GumihoError(f"{folder} does not match a {config.kind} drafter (missing {missing}, unexpected {unexpected})")
         model.acceptance = Acceptance.load(folder)
+        model.acceptance_for = {m: a for m in borrowed_methods(folder) if (a := Acceptance.load(folder, m))}
         return model.eval()

@@ -26,7 +26,14 @@ EMBED_TOLERANCE = 1e-2  # relative difference; fp16 / bf16 copies of one embeddi
 
 
 def load_drafter(spec: str, method: str, embed_weight: torch.Tensor, target_config) -> Drafter:
-    """A drafter for `method`, ready for `Engine.add_drafter`, from a folder, a checkpoint file or a Hub id."""
+    """A drafter for `method`, ready for `Engine.add_drafter`, from a folder, a checkpoint file or a Hub id. EAGLE-1
+    loads an EAGLE-2 drafter (drafters.BORROWED)."""
+    from . import for_method, weights_kind
+
+    return for_method(_load(spec, weights_kind(method), embed_weight, target_config), method)
+
+
+def _load(spec: str, method: str, embed_weight: torch.Tensor, target_config) -> Drafter:
     path = locate(spec)
     folder = path.parent if path.is_file() else path
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
