@@ -12,10 +12,11 @@ from dataclasses import replace
 from .cli import OneLineParser, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
 from .errors import GumihoError
 from .prompts import read_prompts
+from .trace import METHODS
 
 
 def generate_main(args: argparse.Namespace) -> int:
-    from .engine import METHODS, GenerationConfig
+    from .engine import GenerationConfig
     from .loader import build_engine
     from .sampling import SamplingConfig
     from .tree import TreeSettings
@@ -58,11 +59,15 @@ def calibrate_main(args: argparse.Namespace) -> int:
     """Measure a drafter's acceptance statistics and write them beside its weights (or to --out)."""
     from pathlib import Path
 
+    from .acceptance import file_name
     from .calibrate import calibrate
     from .loader import build_engine, shipped_drafter
 
-    if args.method not in ("eagle2", "gumiho"):
-        raise GumihoError(f"calibrate needs a drafter method (eagle2 or gumiho), got {args.method!r}")
+    from .drafters import weights_kind
+
+    drafted = [m for m in METHODS if m != "ar"]
+    if args.method not in drafted:
+        raise GumihoError(f"calibrate needs a drafter method ({', '.join(drafted)}), got {args.method!r}")
     folder = args.drafter or shipped_drafter(args.model, args.method)
     out = Path(args.out or folder or "")
     if not args.out and (folder is None or not Path(folder).is_dir()):
@@ -71,17 +76,18 @@ def calibrate_main(args: argparse.Namespace) -> int:
                           dtype=args.dtype, trees="default")
     acceptance = calibrate(engine, args.method, max_new_tokens=args.max_new_tokens)
     out.mkdir(parents=True, exist_ok=True)
-    acceptance.save(out)
+    borrowed = args.method if weights_kind(args.method) != args.method else ""
+    acceptance.save(out, borrowed)
     taus = ", ".join(f"top_k {k}: {acceptance.tau(k, 16):.2f}" for k in sorted(acceptance.prefix_ranks))
-    print(f"wrote {out / 'acceptance.json'} (tau at 16 tokens: {taus})", file=sys.stderr)
+    print(f"wrote {out / file_name(borrowed)} (tau at 16 tokens: {taus})", file=sys.stderr)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m gumiho", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    gen = commands.add_parser("generate", help="generate text with AR, EAGLE-2 or Gumiho decoding")
-    gen.add_argument("--method", default="gumiho", help="ar | eagle2 | gumiho")
+    gen = commands.add_parser("generate", help="generate text with AR or a speculative method")
+    gen.add_argument("--method", default="gumiho", help=" | ".join(METHODS))
     gen.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
     gen.add_argument("--drafter", help="drafter folder or Hub id, ours or an official Gumiho / EAGLE checkpoint "
                      "(default: the shipped one for the default model)")
@@ -100,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_arguments(gen)
     cal = commands.add_parser("calibrate", help="measure a drafter's acceptance statistics (acceptance.json) for "
                               "the automatic trees")
-    cal.add_argument("--method", default="gumiho", help="eagle2 | gumiho")
+    cal.add_argument("--method", default="gumiho", help=" | ".join(m for m in METHODS if m != "ar"))
     cal.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
     cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
     cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")

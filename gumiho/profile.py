@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from .drafters import Drafter
 from .packed import pack_linears, packing_enabled
+from .static_tree import STATIC_METHODS
 from .target import Target, cache_root
 from .tree import TreeSettings, build_tree
 
@@ -283,13 +284,18 @@ class DraftTimer:
         return (time.perf_counter() - start) * 1e3
 
 
+def method_top_ks(method: str, top_ks: tuple[int, ...] = TOP_KS) -> tuple[int, ...]:
+    """The top_ks profiled and calibrated for `method`: a static tree has one shape, its own."""
+    return (TreeSettings.default(method).top_k,) if method in STATIC_METHODS else top_ks
+
+
 def widest_tree(method: str, top_k: int) -> TreeSettings:
     """The tree family that the profile times, the calibration measures and the choice picks from, the same on
     every device (so a drafter's acceptance statistics apply everywhere): the method's CPU default shape with
-    another top_k (Gumiho's per-head candidates and pruning never below it), FTA off, verifying everything it
-    drafts up to the largest profiled size."""
+    another top_k (Gumiho's per-head candidates and pruning never below it; a static tree keeps its own), FTA off,
+    verifying everything it drafts up to the largest profiled size."""
     base = TreeSettings.default(method, "cpu")
-    shape = replace(base, top_k=top_k, total_tokens=1, fta=False)
+    shape = replace(base, top_k=base.top_k if method in STATIC_METHODS else top_k, total_tokens=1, fta=False)
     if method == "gumiho":
         shape = replace(shape, mlptopk=max(base.mlptopk, top_k), pruning=max(base.pruning, top_k))
     return replace(shape, total_tokens=min(max(SIZES), shape.pool_size(method) + 1))
@@ -318,9 +324,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     draft = [{m: DraftTimer(r, drafter_for(d, r, p.pack), m) for m, d in sorted(drafters.items())}
              for r, p in zip(runners, paths)]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
-    draft_ms = [{m: {k: [] for k in top_ks} for m in drafters} for _ in paths]
+    draft_ms = [{m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for _ in paths]
     jobs = [(i, j, n) for i in range(len(paths)) for j in range(len(KV_LENGTHS)) for n in SIZES]
-    jobs += [(i, m, k) for i in range(len(paths)) for m in sorted(drafters) for k in top_ks]
+    jobs += [(i, m, k) for i in range(len(paths)) for m in sorted(drafters) for k in method_top_ks(m, top_ks)]
     start = time.perf_counter()
     with tqdm(total=(repeats + 1) * len(jobs), desc="machine profile", disable=not progress, leave=False) as bar:
         for r in range(repeats + 1):
