@@ -5,7 +5,7 @@ settings lack dtype, forward and choice, which read as float32, transformers and
 
 GenerationTrace
   schema            int, 2
-  method            "ar" | "eagle2" | "gumiho"
+  method            "ar" | "medusa" | "hydra" | "eagle1" | "eagle2" | "gumiho"
   model, drafter    names / paths ("" for AR)
   prompt            the user text; prompt_tokens: its length in tokens after the chat template
   settings          RunSettings: sampling {temperature, top_p, top_k}, tree (TreeSettings or null), fta_applied,
@@ -24,7 +24,7 @@ CycleTrace
   index             0-based cycle number
   nodes             list[TraceNode]: id (0 = root), token_id, text, parent (-1 for the root), depth,
                     score (cumulative draft log-prob), source ("root", "serial-1", "serial-2", "mlp-3".."mlp-7",
-                    "eagle-<depth>"); the AR loop's tree is its root alone
+                    "eagle-<depth>", "medusa-<depth>", "hydra-<depth>"); the AR loop's tree is its root alone
   paths             list[TracePath]: nodes (ids root to leaf, FTA-filled included), filled (one flag per
                     position: borrowed by FTA), accepted (draft tokens of this path the target accepted)
   accepted_nodes    node ids of the accepted path, root first
@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
-METHODS = ("ar", "eagle1", "eagle2", "gumiho")  # the papers' order after AR
+METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho")  # the papers' order after AR
 READABLE_SCHEMAS = (1, 2)
 
 
