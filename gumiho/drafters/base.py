@@ -186,7 +186,7 @@ class HeadDrafter(Drafter):
 
     def predict(self, features: torch.Tensor, following: torch.Tensor, head: int) -> torch.Tensor:
         """Head `head`'s predicted features [R, H] for rows of target features [R, H] whose root and earlier draft
-        tokens are `following` [R, head + 1]; drafting, training and evaluation all read the heads through it."""
+        tokens are `following` [R, head + 1]. Training and evaluation read the heads through it."""
         raise NotImplementedError
 
     def check_tree(self, tree: TreeSettings) -> None:

@@ -56,9 +56,9 @@ class HydraHeads(nn.Module):
     blocks H -> H.
 
     The official code builds a head's later blocks by list multiplication, `[ResBlock(H)] * (n - 1)`: one module
-    repeated, so they share one weight matrix. Here each block has its own weights. At the papers' default of one
-    block per head the two are the same; with more, ours can hold any official checkpoint (copy the shared block
-    into each) while also being free to learn different blocks, which weight sharing by a list idiom forbids.
+    repeated, so they all share one weight matrix, which looks accidental (Medusa's code has the same idiom). Here
+    each block has its own weights. At the papers' default of one block per head the two are the same; with more,
+    ours can still hold an official head (the shared block copied into each) and can also learn distinct blocks.
     """
 
     def __init__(self, heads: int, blocks: int, hidden: int):
