@@ -18,11 +18,14 @@ from .trace import METHODS
 def generate_main(args: argparse.Namespace) -> int:
     from .engine import GenerationConfig
     from .loader import build_engine
+    from .mjsd import describe, mjsd_sampling
     from .sampling import SamplingConfig
     from .tree import TreeSettings
 
     if args.method not in METHODS:
         raise GumihoError(f"unknown method {args.method!r}; choose one of {', '.join(METHODS)}")
+    if args.method != "mjsd" and (args.gamma or args.beams or args.tau_acc is not None):
+        raise GumihoError("--gamma, --beams and --tau-acc are MJSD options (--method mjsd)")
     if args.prompt is None and args.prompts is None:
         raise GumihoError("give --prompt TEXT or --prompts FILE.jsonl")
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
@@ -40,6 +43,8 @@ def generate_main(args: argparse.Namespace) -> int:
                                     base=engine.default_tree(args.method))
     if engine.choice:
         print(f"[auto] {engine.choice.summary(args.method)}", file=sys.stderr)
+    if args.method == "mjsd":
+        print(f"[mjsd] {describe(tree, mjsd_sampling(sampling))}", file=sys.stderr)
     config = replace(base, tree=tree)
     for prompt in prompts:
         trace = engine.generate(prompt, args.method, config)
@@ -65,7 +70,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
     from .drafters import weights_kind
 
-    drafted = [m for m in METHODS if m != "ar"]
+    drafted = [m for m in METHODS if m not in ("ar", "mjsd")]  # MJSD verifies a fixed chain: no tree to choose
     if args.method not in drafted:
         raise GumihoError(f"calibrate needs a drafter method ({', '.join(drafted)}), got {args.method!r}")
     folder = args.drafter or shipped_drafter(args.model, args.method)
@@ -106,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_arguments(gen)
     cal = commands.add_parser("calibrate", help="measure a drafter's acceptance statistics (acceptance.json) for "
                               "the automatic trees")
-    cal.add_argument("--method", default="gumiho", help=" | ".join(m for m in METHODS if m != "ar"))
+    cal.add_argument("--method", default="gumiho", help=" | ".join(m for m in METHODS if m not in ("ar", "mjsd")))
     cal.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
     cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
     cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")
