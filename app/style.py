@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-METHOD_NAMES = {"eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA", "ar": "AR",
+from gumiho.trace import METHOD_NAMES as ENGINE_NAMES
+
+METHOD_NAMES = {**ENGINE_NAMES, "gumiho+fta": "Gumiho + FTA", "mjsd": "MJSD (approximate)",
                 "transformers-fp32": "transformers generate (fp32)", "transformers-bf16": "transformers generate (bf16)",
                 "transformers-fp16": "transformers generate (fp16)"}
 METHOD_COLORS = {"eagle2": "#2a9d8f", "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "ar": "#6c757d"}

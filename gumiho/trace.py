@@ -45,6 +45,9 @@ from typing import Any
 
 SCHEMA_VERSION = 2
 METHODS = ("ar", "eagle1", "eagle2", "gumiho")  # the papers' order after AR
+DRAFTED_METHODS = tuple(m for m in METHODS if m != "ar")
+METHOD_NAMES = {"ar": "AR", "medusa": "Medusa", "hydra": "Hydra", "eagle1": "EAGLE", "eagle2": "EAGLE-2",
+                "gumiho": "Gumiho", "mjsd": "MJSD"}
 READABLE_SCHEMAS = (1, 2)
 
 
