@@ -260,13 +260,17 @@ def _lesson(examples: list[Example]) -> None:
                          trigger_mode="always_last", show_progress="hidden")
         elif showcase is None:
             gr.Markdown("*(The example traces in assets/traces/ are missing: run `python -m app.record_examples`.)*")
-        elif figure in ("gumiho-tree", "eagle-tree"):
-            method = "gumiho" if figure == "gumiho-tree" else "eagle2"
-            trace = next((t for t in showcase.traces if t.method == method), None)
+        elif figure.startswith("tree-"):
+            method = figure.removeprefix("tree-")
+            example = next((e for e in [showcase, *examples] if any(t.method == method for t in e.traces)), None)
+            trace = example.trace(method) if example else None
             cycle = showcase_cycle(trace) if trace else None
-            if cycle is not None:
+            if cycle is None:
+                gr.Markdown(f"*(No recorded {method_name(method)} example yet: run `python -m app.record_examples` "
+                            f"with its drafter loaded.)*")
+            else:
                 gr.Plot(figures.tree_figure(cycle, f"{method_name(method)}, cycle {cycle.index} of the example "
-                                                   f"“{showcase.prompt}”"), show_label=False)
+                                                   f"“{example.prompt}”"), show_label=False)
         elif figure == "timing":
             gr.Plot(figures.race_timing_figure(list(showcase.traces)), show_label=False)
 
