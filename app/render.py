@@ -166,7 +166,7 @@ def is_reference(trace: GenerationTrace) -> bool:
 def race_headline(traces: list[GenerationTrace]) -> str:
     """A one-line verdict of the race."""
     if not traces:
-        return "Run a race to compare the three methods on one prompt."
+        return "Run a race to compare the methods on one prompt."
     parts = []
     for _, row in race_table(traces).iterrows():
         speedup = f", {row['speed-up vs AR']} AR" if row["speed-up vs AR"] != "–" else ""

@@ -12,8 +12,9 @@ from dataclasses import replace
 from .cli import OneLineParser, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
 from .errors import GumihoError
 from .prompts import read_prompts
-from .trace import METHODS
+from .trace import DRAFTED_METHODS, METHODS
 
+CALIBRATED = tuple(m for m in DRAFTED_METHODS if m != "mjsd")  # MJSD verifies its whole chain: no tree size to choose
 
 def generate_main(args: argparse.Namespace) -> int:
     from .engine import GenerationConfig
@@ -70,9 +71,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
     from .drafters import weights_kind
 
-    drafted = [m for m in METHODS if m not in ("ar", "mjsd")]  # MJSD verifies a fixed chain: no tree to choose
-    if args.method not in drafted:
-        raise GumihoError(f"calibrate needs a drafter method ({', '.join(drafted)}), got {args.method!r}")
+    if args.method not in CALIBRATED:
+        raise GumihoError(f"calibrate needs a drafter method ({', '.join(CALIBRATED)}), got {args.method!r}")
     folder = args.drafter or shipped_drafter(args.model, args.method)
     out = Path(args.out or folder or "")
     if not args.out and (folder is None or not Path(folder).is_dir()):
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_arguments(gen)
     cal = commands.add_parser("calibrate", help="measure a drafter's acceptance statistics (acceptance.json) for "
                               "the automatic trees")
-    cal.add_argument("--method", default="gumiho", help=" | ".join(m for m in METHODS if m not in ("ar", "mjsd")))
+    cal.add_argument("--method", default="gumiho", help=" | ".join(CALIBRATED))
     cal.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
     cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
     cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")

@@ -50,7 +50,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
-METHODS = ("ar", "eagle1", "eagle2", "gumiho", "mjsd")  # the papers' order after AR
+METHODS = ("ar", "eagle1", "eagle2", "gumiho", "mjsd")  # the papers' order after AR; MJSD (approximate) last
+DRAFTED_METHODS = tuple(m for m in METHODS if m != "ar")
+METHOD_NAMES = {"ar": "AR", "medusa": "Medusa", "hydra": "Hydra", "eagle1": "EAGLE", "eagle2": "EAGLE-2",
+                "gumiho": "Gumiho", "mjsd": "MJSD"}
 READABLE_SCHEMAS = (1, 2)
 
 

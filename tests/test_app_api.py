@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from gumiho.trace import GenerationTrace
+from gumiho.trace import METHODS, GenerationTrace
 
 from .app_server import ARTIFACTS, served_app
 
@@ -68,8 +68,8 @@ def test_generate_returns_a_trace(client):
     assert any(t.get("name") == "bonus (target's token)" for t in figure["data"])
 
 
-def test_race_returns_three_runs_in_order_then_plain_transformers_generate(client):
-    result = client.predict("Name a colour.", 0, 10, 4, 16, False, api_name="/race")
+def test_race_returns_the_runs_in_order_then_plain_transformers_generate(client):
+    result = client.predict("Name a colour.", ["gumiho", "eagle2"], 0, 10, 4, 16, False, api_name="/race")
     assert result[MESSAGE] == "Done.", result[MESSAGE]
     traces = [load(path) for path in result[-1]]
     assert [t.method for t in traces] == ["eagle2", "gumiho", "ar"]
@@ -101,7 +101,7 @@ def test_bad_prompt_returns_the_message(client, prompt, expected):
     (3, 0, f"max new tokens must be between 1 and {NEW_TOKENS_LIMIT}, got 0"),
     (3, -5, f"max new tokens must be between 1 and {NEW_TOKENS_LIMIT}, got -5"),
     (2, 2.5, "temperature must be between 0 and 2, got 2.5"),
-    (1, "<script>alert(1)</script>", "method must be one of gumiho, eagle2, ar, got '&lt;script&gt;"),
+    (1, "<script>alert(1)</script>", f"method must be one of {', '.join(METHODS)}, got '&lt;script&gt;"),
 ])
 def test_out_of_range_values_get_a_message_naming_the_field(client, index, value, expected):
     result = client.predict(*with_field(index, value), api_name="/generate")
@@ -141,6 +141,15 @@ def test_bad_settings_return_the_message_and_the_app_keeps_working(client):
     assert "exceeds" in result[MESSAGE]
     result = client.predict("Say hi.", "ar", 0, 4, 1, 0, 4, 6, 24, 6, 6, False, api_name="/generate")
     assert result[MESSAGE].startswith("Done") and load(result[DOWNLOAD]).method == "ar"
+
+
+@pytest.mark.parametrize("methods, expected", [
+    ([], "⚠ pick at least one method to race against AR"),
+    (["gumiho", "ar"], "⚠ methods must be among"),
+])
+def test_race_methods_are_checked(client, methods, expected):
+    result = client.predict("Name a colour.", methods, 0, 10, 4, 16, False, api_name="/race")
+    assert result[MESSAGE].startswith(expected), result[MESSAGE]
 
 
 def test_replay_validates_uploads(client, tmp_path):

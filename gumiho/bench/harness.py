@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ..engine import Engine, GenerationConfig
 from ..errors import GumihoError
 from ..sampling import SamplingConfig
-from ..trace import CycleTrace, GenerationTrace
+from ..trace import DRAFTED_METHODS, CycleTrace, GenerationTrace
 from ..tree import TreeSettings
 from .datasets import DEFAULT_DIR, Question, encode_conversation, load_questions
 from .journal import JobKey
@@ -25,8 +25,9 @@ from .metrics import prompt_row
 from .reference import TransformersReference, reference_dtype, reference_name
 
 REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16")
-VARIANTS = ("transformers", "ar", "eagle2", "gumiho", "gumiho+fta", *REFERENCES[1:])
-DEFAULT_VARIANTS = ("transformers", "ar", "eagle2", "gumiho", "gumiho+fta")
+DRAFTED = DRAFTED_METHODS  # the papers' order; a lossy method (MJSD) last
+VARIANTS = ("transformers", "ar", *DRAFTED, "gumiho+fta", *REFERENCES[1:])
+DEFAULT_VARIANTS = ("transformers", "ar", *DRAFTED, "gumiho+fta")
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,10 @@ class Variant:
 
 
 def make_variants(names: list[str], trees: dict[str, TreeSettings], dtype: str = "float32") -> list[Variant]:
-    """`trees` maps "eagle2" / "gumiho" to their tree; FTA is switched on for `gumiho+fta` only. "transformers" is
-    the reference in the engine's `dtype`."""
+    """`trees` maps each drafted method to its tree; FTA is switched on for `gumiho+fta` only. "transformers" is
+    the reference in the engine's `dtype`. Variants come in VARIANTS' order (the papers')."""
     variants = []
-    for name in names:
+    for name in sorted(names, key=lambda n: VARIANTS.index(n) if n in VARIANTS else -1):
         if name not in VARIANTS:
             raise GumihoError(f"unknown method {name!r}; choose from {', '.join(VARIANTS)}")
         if name == "transformers":

@@ -32,11 +32,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..trace import METHOD_NAMES
 from .metrics import DEPTHS
 
 TITLES = {"mt_bench": "MT-Bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca", "sum": "CNN/DM",
           "qa": "Natural Qs", "mean": "Mean"}
-NAMES = {"ar": "AR (baseline)", "eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA",
+NAMES = {**METHOD_NAMES, "ar": "AR (baseline)", "gumiho+fta": "Gumiho + FTA", "mjsd": "MJSD (lossy)",
          "transformers-fp32": "transformers generate fp32", "transformers-bf16": "transformers generate bf16",
          "transformers-fp16": "transformers generate fp16"}
 SCHEMA_VERSION = 1
