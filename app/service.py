@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 from gumiho.errors import GumihoError
 from gumiho.sampling import SamplingConfig
 from gumiho.trace import METHODS, GenerationTrace
-from gumiho.static_tree import STATIC_METHODS, choices_for
+from gumiho.static_tree import STATIC_METHODS, capped_total
 from gumiho.tree import TreeSettings
 
 from .style import method_name
@@ -77,7 +77,7 @@ class RunSettings:
             chosen = self.tree_overrides(method)
             if method in STATIC_METHODS and chosen["total_tokens"] is not None:  # a static tree has a fixed size
                 depth = chosen["depth"] or (base or TreeSettings.default(method)).depth
-                chosen["total_tokens"] = min(chosen["total_tokens"], len(choices_for(method, depth)) + 1)
+                chosen["total_tokens"] = capped_total(method, depth, chosen["total_tokens"])
             if method == "mjsd" and chosen["depth"] is not None:  # MJSD verifies its whole chain
                 chosen["total_tokens"] = chosen["depth"] + 1
             tree = TreeSettings.resolve(method, overrides=chosen, base=base)
