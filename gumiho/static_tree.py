@@ -35,13 +35,19 @@ class StaticLayout:
     """The first paths of a method's list that fit a depth, ready to draft layer by layer.
 
     paths[i] is node i (the root is not listed); parent[i] indexes paths, -1 under the root; by_depth[d - 1] lists
-    the nodes of depth d in list order; top_k is the widest rank used + 1.
+    the nodes of depth d in list order; top_k is the widest rank used + 1. Drafting depth d + 1 predicts from the
+    nodes of depth d that have children, expanded[d - 1] (in list order; the root alone for depth 1): node i reads
+    row parent_row[i] of those predictions and takes its rank's candidate. lineage[i] lists the nodes from depth 1
+    down to i.
     """
 
     paths: tuple[tuple[int, ...], ...]
     parent: tuple[int, ...]
     by_depth: tuple[tuple[int, ...], ...]
     top_k: int
+    expanded: tuple[tuple[int, ...], ...]
+    parent_row: tuple[int, ...]
+    lineage: tuple[tuple[int, ...], ...]
 
     @property
     def depth(self) -> int:
@@ -49,6 +55,10 @@ class StaticLayout:
 
     def rank(self, node: int) -> int:
         return self.paths[node][-1]
+
+    def width(self, depth: int) -> int:
+        """Candidates per prediction row that depth `depth` needs: its widest rank + 1."""
+        return max(self.rank(i) for i in self.by_depth[depth - 1]) + 1
 
 
 def choices_for(method: str, depth: int | None = None) -> tuple[tuple[int, ...], ...]:
@@ -66,7 +76,13 @@ def layout(method: str, depth: int, nodes: int) -> StaticLayout:
     parent = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in paths)
     levels = max((len(p) for p in paths), default=0)
     by_depth = tuple(tuple(i for i, p in enumerate(paths) if len(p) == d) for d in range(1, levels + 1))
-    return StaticLayout(paths, parent, by_depth, max((max(p) for p in paths), default=-1) + 1)
+    has_children = set(parent)
+    expanded = tuple(tuple(i for i in level if i in has_children) for level in by_depth)
+    row = {i: r for level in expanded for r, i in enumerate(level)}
+    parent_row = tuple(row.get(p, 0) for p in parent)
+    lineage = tuple(tuple(index[p[:d]] for d in range(1, len(p) + 1)) for p in paths)
+    return StaticLayout(paths, parent, by_depth, max((max(p) for p in paths), default=-1) + 1, expanded, parent_row,
+                        lineage)
 
 
 def capped_total(method: str, depth: int, total_tokens: int) -> int:

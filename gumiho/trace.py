@@ -6,7 +6,7 @@ settings.approximate and a cycle's joint came later within version 2 and read as
 
 GenerationTrace
   schema            int, 2
-  method            one of METHODS ("ar", "eagle1", "eagle2", "gumiho", ..., "mjsd")
+  method            one of METHODS ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd")
   model, drafter    names / paths ("" for AR)
   prompt            the user text; prompt_tokens: its length in tokens after the chat template
   settings          RunSettings: sampling {temperature, top_p, top_k}, tree (TreeSettings or null), fta_applied,
@@ -27,7 +27,8 @@ CycleTrace
   index             0-based cycle number
   nodes             list[TraceNode]: id (0 = root), token_id, text, parent (-1 for the root), depth,
                     score (cumulative draft log-prob), source ("root", "serial-1", "serial-2", "mlp-3".."mlp-7",
-                    "eagle-<depth>", "mjsd-<depth>"); the AR loop's tree is its root alone (MJSD's is a chain)
+                    "eagle-<depth>", "medusa-<depth>", "hydra-<depth>", "mjsd-<depth>"); the AR loop's tree is its
+                    root alone (MJSD's is a chain)
   paths             list[TracePath]: nodes (ids root to leaf, FTA-filled included), filled (one flag per
                     position: borrowed by FTA), accepted (draft tokens of this path the target accepted)
   accepted_nodes    node ids of the accepted path, root first
@@ -50,7 +51,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
-METHODS = ("ar", "eagle1", "eagle2", "gumiho", "mjsd")  # the papers' order after AR; MJSD (approximate) last
+METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd")  # the papers' order after AR; MJSD (approximate) last
 DRAFTED_METHODS = tuple(m for m in METHODS if m != "ar")
 METHOD_NAMES = {"ar": "AR", "medusa": "Medusa", "hydra": "Hydra", "eagle1": "EAGLE", "eagle2": "EAGLE-2",
                 "gumiho": "Gumiho", "mjsd": "MJSD"}

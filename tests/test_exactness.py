@@ -10,7 +10,11 @@ from gumiho.tree import TreeSettings
 
 from .conftest import DRAFTED, tiny_engine
 
+HEAD_SHAPES = [TreeSettings(top_k=10, depth=4, total_tokens=6), TreeSettings(top_k=10, depth=4, total_tokens=64),
+               TreeSettings(top_k=10, depth=2, total_tokens=12)]  # Medusa's and Hydra's static tree
 SHAPES = {
+    "medusa": HEAD_SHAPES,
+    "hydra": HEAD_SHAPES,
     "eagle1": [TreeSettings(top_k=4, depth=5, total_tokens=6), TreeSettings(top_k=4, depth=5, total_tokens=26),
                TreeSettings(top_k=4, depth=3, total_tokens=12)],
     "eagle2": [TreeSettings(top_k=2, depth=3, total_tokens=6), TreeSettings(top_k=4, depth=5, total_tokens=24),

@@ -123,7 +123,8 @@ def in_dtype(engine: Engine, dtype: torch.dtype) -> Engine:
 
 
 @pytest.mark.parametrize("method,temperature,dtype", [("eagle2", 0.7, torch.float32), ("gumiho", 1.0, torch.float32),
-                                                      ("gumiho", 1.0, torch.bfloat16)])
+                                                      ("gumiho", 1.0, torch.bfloat16), ("medusa", 1.0, torch.float32),
+                                                      ("hydra", 0.7, torch.float32)])
 def test_engine_sampling_matches_the_target_distribution(method, temperature, dtype):
     """Lossless in every dtype: in bf16 too, each emitted token follows the target's (bf16) distribution."""
     vocab, length, prefix = 4, 3, [0, 2, 1, 3]
@@ -132,8 +133,9 @@ def test_engine_sampling_matches_the_target_distribution(method, temperature, dt
     engine = in_dtype(engine, dtype)
     from gumiho.tree import TreeSettings
 
-    tree = (TreeSettings(top_k=2, depth=3, total_tokens=8) if method == "eagle2"
-            else TreeSettings(top_k=2, depth=3, total_tokens=8, mlptopk=2, pruning=2))
+    tree = {"eagle2": TreeSettings(top_k=2, depth=3, total_tokens=8),
+            "gumiho": TreeSettings(top_k=2, depth=3, total_tokens=8, mlptopk=2, pruning=2)}.get(
+        method, TreeSettings(top_k=10, depth=3, total_tokens=8))  # the static tree's first 7 paths: ranks 0..2
     cfg = SamplingConfig(temperature=temperature)
     counts = torch.zeros(vocab**length)
     accepted = 0

@@ -53,19 +53,22 @@ def test_default_static_trees():
         TreeSettings(top_k=4, depth=2, total_tokens=20).validate("eagle1")
 
 
-@pytest.mark.parametrize("total", [2, 9, 26])
-def test_eagle1_drafts_the_official_shape(total):
+@pytest.mark.parametrize("method,depth,total", [("eagle1", 5, 2), ("eagle1", 5, 9), ("eagle1", 5, 26),
+                                                ("medusa", 4, 2), ("medusa", 4, 12), ("medusa", 4, 64),
+                                                ("hydra", 4, 9), ("hydra", 3, 40)])
+def test_static_drafters_draft_the_official_shape(method, depth, total):
     engine = tiny_engine(seed=5, vocab=16, drafter_seed=5)
-    tree = TreeSettings(top_k=4, depth=5, total_tokens=total)
-    trace = engine.generate("", "eagle1", GenerationConfig(max_new_tokens=12, tree=tree), prompt_ids=[1, 2, 3, 4])
-    paths = CHOICES["eagle1"][: total - 1]
+    tree = TreeSettings(top_k=10, depth=depth, total_tokens=total)
+    trace = engine.generate("", method, GenerationConfig(max_new_tokens=12, tree=tree), prompt_ids=[1, 2, 3, 4])
+    paths = choices_for(method, depth)[: total - 1]
+    source = "eagle" if method == "eagle1" else method
     for step in trace.steps:
         nodes = step.nodes
         assert len(nodes) == total
         # Node i + 1 is path i: same depth, its parent is the path's prefix, and rank r is the r-th best child.
         for i, path in enumerate(paths, start=1):
             node = nodes[i]
-            assert node.depth == len(path) and node.source == f"eagle-{len(path)}"
+            assert node.depth == len(path) and node.source == f"{source}-{len(path)}"
             assert node.parent == (paths.index(path[:-1]) + 1 if len(path) > 1 else 0)
         for i, path in enumerate(paths, start=1):
             if path[-1]:

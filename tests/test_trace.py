@@ -9,7 +9,7 @@ import pytest
 from gumiho.engine import GenerationConfig
 from gumiho.trace import GenerationTrace, TraceError
 
-from .conftest import tiny_engine
+from .conftest import DRAFTED, tiny_engine
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +25,16 @@ def test_round_trip(trace):
     data = json.loads(text)
     assert data["tau"] == pytest.approx(trace.tau) and data["new_tokens"] == 20
     assert data["steps"][0]["nodes"][0]["source"] == "root"
+
+
+@pytest.mark.parametrize("method", ["ar", *DRAFTED])
+def test_every_method_round_trips(method):
+    engine = tiny_engine(seed=9, vocab=16, drafter_seed=9)
+    trace = engine.generate("", method, GenerationConfig(max_new_tokens=12), prompt_ids=[1, 2, 3, 4])
+    again = GenerationTrace.from_json(trace.to_json())
+    assert again == trace and again.method == method
+    if method in ("medusa", "hydra"):
+        assert {n.source for s in again.steps for n in s.nodes} >= {"root", f"{method}-1", f"{method}-2"}
 
 
 def test_trace_off_keeps_the_numbers_but_not_the_trees():

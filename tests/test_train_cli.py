@@ -15,7 +15,7 @@ def _exit_code(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--drafter", "medusa", "--data", ".", "--out", "x"], "--drafter must be eagle2 or gumiho"),
+    (["--drafter", "lookahead", "--data", ".", "--out", "x"], "--drafter must be one of medusa, hydra, eagle2, gumiho"),
     (["--drafter", "eagle2", "--data", "no/such/folder", "--out", "x"], "no feature folder no/such/folder"),
     (["--drafter", "eagle2"], "required"),
     (["prepare", "--out", "x", "--split", "test"], "--split must be train or heldout"),

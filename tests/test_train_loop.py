@@ -50,7 +50,10 @@ def _config(kind: str, data, out, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+KINDS = ["eagle2", "gumiho", "medusa", "hydra"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_training_reduces_the_loss_and_writes_a_loadable_drafter(corpus, tmp_path, kind):
     target, data = corpus
     config = _config(kind, data, tmp_path / "run", epochs=8)
@@ -63,16 +66,20 @@ def test_training_reduces_the_loss_and_writes_a_loadable_drafter(corpus, tmp_pat
     with torch.no_grad():
         before, _ = batch_losses(initial, batch, LossWeights(), noise=0.0)
         after, parts = batch_losses(drafter, batch, LossWeights(), noise=0.0)
-    assert after.item() < 0.6 * before.item()
+    # The heads' soft CE cannot go below the target's own entropy 2..5 tokens ahead, which they cannot see.
+    assert after.item() < (0.85 if kind in ("medusa", "hydra") else 0.6) * before.item()
     assert summary["tokens_seen"] == 8 * summary["tokens_per_epoch"]
     assert drafter.draft_vocab.shape == (16,) and len(set(drafter.draft_vocab.tolist())) == 16
     if kind == "gumiho":
         assert "acc_mlp4" in parts
+    if kind in ("medusa", "hydra"):
+        assert {"acc1", "acc4", "lp_step4"} <= parts.keys()  # head k's terms, named by the depth it drafts
     shipped = ship(run, tmp_path / "shipped")
     assert "Tokens seen: " + f"{summary['tokens_seen']:,}" in (shipped / "README.md").read_text()
     half = Drafter.from_pretrained(shipped)
-    torch.testing.assert_close(half.state_dict()["transformer.fc.weight"], drafter.state_dict()["transformer.fc.weight"],
-                               atol=1e-3, rtol=1e-3)
+    for key, value in drafter.state_dict().items():
+        if value.is_floating_point():
+            torch.testing.assert_close(half.state_dict()[key], value, atol=1e-3, rtol=1e-3)
 
 
 def test_resume_continues_from_the_checkpoint(corpus, tmp_path):
@@ -122,7 +129,7 @@ def test_a_time_budget_fixes_the_length_and_a_matched_run_copies_it(corpus, tmp_
     assert json.loads((matched / "train.json").read_text())["tokens_seen"] == summary["tokens_seen"]
 
 
-@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_save_load_round_trip(tmp_path, kind):
     target = tiny_target(vocab=32)
     drafter = random_drafter(kind, target, scale=0.2)
@@ -152,6 +159,43 @@ def test_chain_predictions_match_step_by_step_drafting(corpus, kind):
     assert vocab_coverage(drafter, target, [seq]) == 1.0  # no draft vocabulary: everything can be proposed
     accuracy = chain_accuracy(drafter, target, [seq], depth=3)
     assert all(a >= b for a, b in zip(accuracy, accuracy[1:]))  # a chain can only get shorter
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_head_chain_predictions_are_the_drafted_top_path(corpus, kind):
+    """Depth k + 1 from origin i is head k's best token from f_i, the root x_{i+1} and the greedy tokens before it:
+    the drafted tree's all-first path wherever the earlier tokens were right (Medusa's heads read no tokens, so
+    there everywhere). A 4-head drafter's chains stop at depth 4."""
+    from gumiho.static_tree import choices_for
+    from gumiho.tree import TreeSettings, build_tree
+
+    target, data = corpus
+    seq = load_sequences(data)[0]
+    drafter = random_drafter(kind, target, scale=0.2).attach(target.embed_weight, target.head_weight)
+    predicted, labels, _ = chain_predictions(drafter, target, seq)
+    assert predicted.shape[1] == labels.shape[1] == 4
+    ids, f = seq.input_ids, seq.features.float()
+    paths = choices_for(kind, 4)
+    for i in (3, 10):
+        pool = drafter.propose(f[: i + 1], ids[1: i + 2], TreeSettings(top_k=10, depth=4, total_tokens=64))
+        tree = build_tree(int(ids[i + 1]), pool, 64)
+        top = [int(tree.tokens[paths.index((0,) * d) + 1]) for d in range(1, 5)]
+        assert predicted[i, 0].item() == top[0]
+        for k in range(1, 4):
+            assert top[k] == _best(drafter, f[i], [int(ids[i + 1]), *top[:k]])  # drafting reads its own path
+            chain = _best(drafter, f[i], [int(ids[i + 1]), *labels[i, :k].tolist()])  # the chain: greedy tokens
+            assert predicted[i, k].item() == chain
+            if kind == "medusa":
+                assert chain == top[k]
+    accuracy = chain_accuracy(drafter, target, [seq])
+    assert len(accuracy) == 4 and accuracy == sorted(accuracy, reverse=True)
+
+
+def _best(drafter, feature: torch.Tensor, following: list[int]) -> int:
+    """The best token of the head that follows `following` (the root and the draft tokens before it)."""
+    with torch.no_grad():
+        predicted = drafter.predict(feature[None], torch.tensor([following]), len(following) - 1)
+    return drafter.top_tokens(predicted, 1)[1].item()
 
 
 def test_fine_tune_from_a_drafter_with_unrolled_steps(corpus, tmp_path):

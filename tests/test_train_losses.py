@@ -87,6 +87,30 @@ def test_losses_read_the_right_slots(kind):
             assert "lv_mlp1" in parts
 
 
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_head_losses_read_the_right_slots(kind):
+    """With one masked token x_p, head k compares its prediction from f_{p-k-2} (Hydra: and x_{p-k-1} .. x_{p-1})
+    with f_{p-1}; its terms weigh 0.8^k."""
+    target = tiny_target(vocab=32)
+    drafter = random_drafter(kind, target, scale=0.2).attach(target.embed_weight, target.head_weight)
+    p = 9
+    batch = _batch(target, 14, p)
+    ids, f = batch.input_ids[0], batch.features[0]
+    weights = LossWeights(head_feature=1.0, head_ce=0.5)
+    with torch.no_grad():
+        total, parts = batch_losses(drafter, batch, weights, noise=0.0)
+        expected = 0.0
+        for k in range(4):
+            out = drafter.predict(f[p - k - 2][None], ids[p - k - 1: p][None], k)
+            suffix = "" if k == 0 else f"_step{k + 1}"
+            assert parts[f"lv{suffix}"].item() == pytest.approx(feature_loss(out, f[p - 1: p]).item(), rel=1e-5)
+            teacher = f[p - 1: p] @ drafter.head_weight.T
+            lp = soft_cross_entropy(out @ drafter.head_weight.T, teacher)
+            assert parts[f"lp{suffix}"].item() == pytest.approx(lp.item(), rel=1e-5)
+            expected += 0.8**k * (parts[f"lv{suffix}"] + 0.5 * parts[f"lp{suffix}"])
+    assert total.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
 def test_vocab_coverage_counts_greedy_tokens_inside_the_draft_vocabulary():
     from gumiho.train.evaluate import vocab_coverage
 

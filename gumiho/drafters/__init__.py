@@ -7,19 +7,23 @@ from dataclasses import replace
 import torch
 
 from ..errors import GumihoError
-from .base import Drafter
+from .base import Drafter, FeatureDrafter, HeadDrafter
 from .config import DrafterConfig
 from .eagle1 import Eagle1Drafter
 from .eagle2 import Eagle2Drafter
 from .gumiho import GumihoDrafter
+from .hydra import HydraDrafter
+from .medusa import MedusaDrafter
 from .mjsd import MjsdDrafter
 
-DRAFTERS: dict[str, type[Drafter]] = {"eagle2": Eagle2Drafter, "gumiho": GumihoDrafter}
+DRAFTERS: dict[str, type[Drafter]] = {"medusa": MedusaDrafter, "hydra": HydraDrafter, "eagle2": Eagle2Drafter,
+                                      "gumiho": GumihoDrafter}
 # Methods that draft with another method's trained network: method -> (its drafter class, the weights' kind).
 BORROWED: dict[str, type[Drafter]] = {"eagle1": Eagle1Drafter, "mjsd": MjsdDrafter}
 
-__all__ = ["BORROWED", "DRAFTERS", "Drafter", "DrafterConfig", "Eagle1Drafter", "Eagle2Drafter", "GumihoDrafter",
-           "MjsdDrafter", "for_method", "new_drafter", "weights_kind"]
+__all__ = ["BORROWED", "DRAFTERS", "Drafter", "DrafterConfig", "Eagle1Drafter", "Eagle2Drafter", "FeatureDrafter",
+           "GumihoDrafter", "HeadDrafter", "HydraDrafter", "MedusaDrafter", "MjsdDrafter", "for_method", "new_drafter",
+           "weights_kind"]
 
 
 def weights_kind(method: str) -> str:

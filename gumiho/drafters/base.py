@@ -1,8 +1,12 @@
-"""What every drafter shares: save/load, the target's embedding and lm_head, the draft KV cache.
+"""What every drafter shares: save/load, the target's embedding and lm_head; and the feature-level drafters' draft
+Transformer with its KV cache.
 
 A drafter sees pairs (target feature f_j, next token x_{j+1}). The engine hands it the pairs of every newly
-accepted position; `propose` appends them to the draft cache and drafts a `DraftPool` under the last token (the
-root). The draft never touches the target's KV cache. Only the accepted prefix stays in the draft cache.
+accepted position; `propose` drafts a `DraftPool` under the last token (the root). The draft never touches the
+target's KV cache. `Drafter` is the base of every drafter. `FeatureDrafter` (EAGLE, Gumiho) adds the fc +
+decoder-layer Transformer and its own KV cache, which holds only the accepted prefix: `propose` appends the new
+pairs to it first. `HeadDrafter` (Medusa, Hydra) has heads on the target's last feature instead, drafting a static
+tree, and keeps nothing between cycles.
 """
 
 from __future__ import annotations
@@ -18,27 +22,26 @@ from torch import nn
 from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
 from ..packed import PackedMatrix
+from ..static_tree import layout
 from ..tree import DraftPool, TreeSettings
 from .config import DrafterConfig
 from .layers import DraftTransformer, KVCache
 
 
 class Drafter(nn.Module):
-    """Base class: the fc + decoder-layer Transformer and everything around it. Subclasses implement `propose`."""
+    """Base class: files, the shared embedding and lm_head, the draft vocabulary. Subclasses implement `draft`."""
 
     kind = ""
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
-        self.transformer = DraftTransformer(config)
         if config.draft_vocab_size:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size, dtype=torch.long))
         else:
             self.draft_vocab = None
         self.embed_weight: torch.Tensor | None = None
         self.head_weight: torch.Tensor | None = None
-        self.cache = KVCache(config.num_layers)
         self.acceptance: Acceptance | None = None  # calibration statistics for automatic trees (choice.py)
         self.acceptance_for: dict[str, Acceptance] = {}  # those of methods drafting with these weights (EAGLE-1)
 
@@ -83,39 +86,14 @@ class Drafter(nn.Module):
             idx = self.draft_vocab[idx]
         return values, idx
 
-    # --- the draft's own KV cache ---------------------------------------------------------------------------------
+    # --- drafting ------------------------------------------------------------------------------------------------
     def reset(self) -> None:
-        self.cache = KVCache(self.config.num_layers)
-
-    def advance(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Append accepted pairs (f_j, x_{j+1}) to the draft cache; returns the draft output at the last one [H]."""
-        past, m = self.cache.length, tokens.shape[0]
-        fused = self.transformer.fuse(self.embed(tokens), features.to(self.embed_weight.dtype))
-        positions = torch.arange(past, past + m, device=tokens.device)
-        mask = None
-        if past:
-            mask = torch.ones(m, past + m, dtype=torch.bool, device=tokens.device)
-            mask[:, past:] = torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
-            mask = mask[None, None]
-        return self.transformer(fused[None], positions, mask, self.cache)[0, -1]
-
-    def expand(self, fused: torch.Tensor, position: int, stable: int, own: torch.Tensor) -> torch.Tensor:
-        """Run k tree nodes at one position. `own` [k, slots] marks which expansion slots (draft positions written
-        after the stable prefix, this call's included) each node may see; the whole stable prefix is visible."""
-        k = fused.shape[0]
-        prefix = torch.ones(k, stable, dtype=torch.bool, device=fused.device)
-        mask = torch.cat([prefix, own], 1)[None, None]
-        positions = torch.full((k,), position, device=fused.device)
-        return self.transformer(fused[None], positions, mask, self.cache)[0]
+        """Forget the previous generation (called before each one)."""
 
     @torch.inference_mode()
     def propose(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         """Take the newly accepted pairs and draft a candidate pool under tokens[-1] (the root)."""
-        stable = self.cache.length + tokens.shape[0]
-        try:
-            return self.draft(features, tokens, tree)
-        finally:
-            self.cache.truncate(stable)
+        return self.draft(features, tokens, tree)
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         raise NotImplementedError
@@ -158,3 +136,66 @@ class Drafter(nn.Module):
         model.acceptance = Acceptance.load(folder)
         model.acceptance_for = {m: a for m in borrowed_methods(folder) if (a := Acceptance.load(folder, m))}
         return model.eval()
+
+
+class FeatureDrafter(Drafter):
+    """A drafter with EAGLE's feature-level Transformer (fc + `config.num_layers` decoder layers) and its own KV cache
+    over the accepted prefix (docs/design.md §4)."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__(config)
+        self.transformer = DraftTransformer(config)
+        self.cache = KVCache(config.num_layers)
+
+    def reset(self) -> None:
+        self.cache = KVCache(self.config.num_layers)
+
+    def advance(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Append accepted pairs (f_j, x_{j+1}) to the draft cache; returns the draft output at the last one [H]."""
+        past, m = self.cache.length, tokens.shape[0]
+        fused = self.transformer.fuse(self.embed(tokens), features.to(self.embed_weight.dtype))
+        positions = torch.arange(past, past + m, device=tokens.device)
+        mask = None
+        if past:
+            mask = torch.ones(m, past + m, dtype=torch.bool, device=tokens.device)
+            mask[:, past:] = torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
+            mask = mask[None, None]
+        return self.transformer(fused[None], positions, mask, self.cache)[0, -1]
+
+    def expand(self, fused: torch.Tensor, position: int, stable: int, own: torch.Tensor) -> torch.Tensor:
+        """Run k tree nodes at one position. `own` [k, slots] marks which expansion slots (draft positions written
+        after the stable prefix, this call's included) each node may see; the whole stable prefix is visible."""
+        k = fused.shape[0]
+        prefix = torch.ones(k, stable, dtype=torch.bool, device=fused.device)
+        mask = torch.cat([prefix, own], 1)[None, None]
+        positions = torch.full((k,), position, device=fused.device)
+        return self.transformer(fused[None], positions, mask, self.cache)[0]
+
+    @torch.inference_mode()
+    def propose(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
+        """Draft as `Drafter.propose`; the cache then keeps the accepted prefix only (expansion KV never survives)."""
+        stable = self.cache.length + tokens.shape[0]
+        try:
+            return super().propose(features, tokens, tree)
+        finally:
+            self.cache.truncate(stable)
+
+
+class HeadDrafter(Drafter):
+    """Heads on the target's feature f_j at the last accepted position (Medusa, Hydra): head k proposes depth k + 1
+    under the root x_{j+1}, in the method's static tree. No draft Transformer, no draft KV cache."""
+
+    def predict(self, features: torch.Tensor, following: torch.Tensor, head: int) -> torch.Tensor:
+        """Head `head`'s predicted features [R, H] for rows of target features [R, H] whose root and earlier draft
+        tokens are `following` [R, head + 1]; drafting, training and evaluation all read the heads through it."""
+        raise NotImplementedError
+
+    def check_tree(self, tree: TreeSettings) -> None:
+        plan = layout(self.kind, tree.depth, tree.total_tokens - 1)
+        heads, vocab = self.config.mlp_heads, self.config.draft_vocab_size or self.config.vocab_size
+        if plan.depth > heads:
+            raise GumihoError(f"a {self.kind} tree of depth {plan.depth} needs {plan.depth} heads; this drafter has "
+                              f"{heads} (depth at most {heads})")
+        if plan.top_k > vocab:
+            raise GumihoError(f"this {self.kind} tree takes a head's top {plan.top_k} tokens; the drafter proposes "
+                              f"from {vocab}")

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..errors import GumihoError
+
+# kind -> (decoder layers, heads, blocks per head) of a new drafter. Medusa and Hydra have no Transformer: their 4
+# heads of one residual block each (the papers' defaults) read the target's own last feature.
+SHAPES = {"eagle2": (1, 0, 5), "gumiho": (2, 5, 5), "medusa": (0, 4, 1), "hydra": (0, 4, 1)}
+
 
 @dataclass
 class DrafterConfig:
     """The numbers a drafter is built from; `for_target` copies the target's layer shape."""
 
-    kind: str  # "eagle2" | "gumiho"
+    kind: str  # "eagle2" | "gumiho" | "medusa" | "hydra"
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -20,11 +26,15 @@ class DrafterConfig:
     vocab_size: int
     draft_vocab_size: int = 0  # 0: propose from the full vocabulary; else from the ids in the `draft_vocab` buffer
     mlp_heads: int = 0
+    # Gumiho: residual blocks after each head's input layer; Medusa, Hydra: residual blocks per head
     mlp_blocks: int = 5
     target: str = ""
 
     @classmethod
     def for_target(cls, kind: str, target_config, **overrides) -> DrafterConfig:
+        if kind not in SHAPES:
+            raise GumihoError(f"unknown drafter kind {kind!r}; kinds: {', '.join(SHAPES)}")
+        layers, heads, blocks = SHAPES[kind]
         rope = getattr(target_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
         base = dict(
@@ -33,11 +43,12 @@ class DrafterConfig:
             intermediate_size=target_config.intermediate_size,
             num_attention_heads=target_config.num_attention_heads,
             num_key_value_heads=target_config.num_key_value_heads,
-            num_layers=2 if kind == "gumiho" else 1,
+            num_layers=layers,
             rope_theta=float(theta),
             rms_norm_eps=target_config.rms_norm_eps,
             vocab_size=target_config.vocab_size,
-            mlp_heads=5 if kind == "gumiho" else 0,
+            mlp_heads=heads,
+            mlp_blocks=blocks,
         )
         base.update(overrides)
         return cls(**base)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..static_tree import layout
 from ..tree import DraftPool, TreeSettings
 from .eagle2 import Eagle2Drafter
+from .static import StaticDraft
 
 
 class Eagle1Drafter(Eagle2Drafter):
@@ -19,42 +19,23 @@ class Eagle1Drafter(Eagle2Drafter):
     weights = "eagle2"  # the folder kind it loads (drafters.for_method)
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
-        plan = layout(self.kind, tree.depth, tree.total_tokens - 1)
-        h = self.advance(features, tokens)
+        tree_draft = StaticDraft(self.kind, tree, tokens.device)
+        plan = tree_draft.plan
+        out = self.advance(features, tokens)[None]  # the draft outputs of the expanded nodes; the root's first
         stable, dev = self.cache.length, tokens.device
-        pool = DraftPool()
-        n = len(plan.paths)
-        token, score = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev)
-        pooled = torch.zeros(n, dtype=torch.long, device=dev)
-        out = h[None]  # the draft output each node's children are predicted from; the root's first
-        row = {-1: 0}  # node -> its row in `out`
         slots: list[int] = []  # expansion slot -> node fed there
-        has_children = set(plan.parent)
-        for d, level in enumerate(plan.by_depth, start=1):
-            nodes = torch.tensor(level, device=dev)
-            parents = [plan.parent[i] for i in level]
-            under = torch.tensor(parents, device=dev)
-            ranks = torch.tensor([plan.rank(i) for i in level], device=dev)
-            width = int(ranks.max()) + 1
-            values, ids = self.top_tokens(out[[row[p] for p in parents]], width)
-            pick = torch.arange(len(level), device=dev)
-            token[nodes] = ids[pick, ranks]
-            root = under < 0
-            score[nodes] = torch.where(root, 0.0, score[under.clamp(min=0)]) + values[pick, ranks]
-            parent_pool = torch.where(root, -1, pooled[under.clamp(min=0)])
-            pooled[nodes] = pool.add(token[nodes], parent_pool, score[nodes], f"eagle-{d}", d,
-                                     priority=-nodes.float())
+        for d in range(1, plan.depth + 1):
+            tree_draft.add(d, *self.top_tokens(out, plan.width(d)), f"eagle-{d}")
             if d == plan.depth:
                 break
-            fed = [i for i in level if i in has_children]  # the nodes whose children come next
-            inputs = torch.stack([out[row[plan.parent[i]]] for i in fed])
-            fused = self.transformer.fuse(self.embed(token[fed]), inputs)
+            fed = plan.expanded[d - 1]  # the nodes whose children come next, each with its parent's output
+            inputs = out[[plan.parent_row[i] for i in fed]]
+            fused = self.transformer.fuse(self.embed(tree_draft.tokens[list(fed)]), inputs)
             slots += fed
             own = torch.tensor([[self._is_ancestor(s, i, plan.parent) for s in slots] for i in fed],
                                dtype=torch.bool, device=dev)
             out = self.expand(fused, stable + d - 1, stable, own)
-            row = {i: r for r, i in enumerate(fed)}
-        return pool
+        return tree_draft.pool
 
     @staticmethod
     def _is_ancestor(node: int, of: int, parent: tuple[int, ...]) -> bool:

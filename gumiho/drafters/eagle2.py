@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftPool, TreeSettings
-from .base import Drafter
+from .base import FeatureDrafter
 
 
-class Eagle2Drafter(Drafter):
+class Eagle2Drafter(FeatureDrafter):
     kind = "eagle2"
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:

@@ -13,12 +13,12 @@ import torch
 
 from ..errors import GumihoError
 from ..tree import DraftPool, TreeSettings
-from .base import Drafter
+from .base import FeatureDrafter
 from .config import DrafterConfig
 from .layers import ParallelHeads
 
 
-class GumihoDrafter(Drafter):
+class GumihoDrafter(FeatureDrafter):
     kind = "gumiho"
 
     def __init__(self, config: DrafterConfig):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DrafterConfig
+from .heads import linear_bias, residual_blocks
 
 
 class RMSNorm(nn.Module):
@@ -153,19 +154,12 @@ class ParallelHeads(nn.Module):
         super().__init__()
         hidden, heads, blocks = config.hidden_size, config.mlp_heads, config.mlp_blocks
         self.in_weight = nn.Parameter(torch.zeros(heads, 2 * hidden, hidden))
-        self.in_bias = nn.Parameter(_linear_bias(heads, 2 * hidden, hidden))
+        self.in_bias = nn.Parameter(linear_bias(heads, 2 * hidden, hidden))
         self.block_weight = nn.Parameter(torch.zeros(heads, blocks, hidden, hidden))
-        self.block_bias = nn.Parameter(torch.stack([_linear_bias(blocks, hidden, hidden) for _ in range(heads)]))
+        self.block_bias = nn.Parameter(torch.stack([linear_bias(blocks, hidden, hidden) for _ in range(heads)]))
 
     def forward(self, u: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """u: [R, 2H] -> [heads, R, H], from the first `heads` heads (default: all)."""
         n = heads or self.in_weight.shape[0]
         a = F.silu(torch.baddbmm(self.in_bias[:n, None], u.expand(n, -1, -1), self.in_weight[:n]))
-        for k in range(self.block_weight.shape[1]):
-            a = a + F.silu(torch.baddbmm(self.block_bias[:n, k, None], a, self.block_weight[:n, k]))
-        return a
-
-
-def _linear_bias(n: int, fan_in: int, size: int) -> torch.Tensor:
-    bound = 1 / fan_in**0.5
-    return torch.empty(n, size).uniform_(-bound, bound)
+        return residual_blocks(a, self.block_weight[:n], self.block_bias[:n])

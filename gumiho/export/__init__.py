@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..drafters import Drafter
-from ..drafters.official import EMBED, config_json, from_ours
+from ..drafters.official import EMBED, KIND_NAMES, config_json, from_ours
 from ..errors import GumihoError
 
 FORMATS = ("official", "eagle")
@@ -25,6 +25,8 @@ DTYPES = {"float16": torch.float16, "float32": torch.float32}
 def check_format(kind: str, fmt: str) -> None:
     if fmt not in FORMATS:
         raise GumihoError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if kind not in KIND_NAMES:
+        raise GumihoError(f"export writes EAGLE-2 and Gumiho drafters; a {kind} drafter has no official format here")
     if fmt == "eagle" and kind != "eagle2":
         raise GumihoError(f"the eagle format holds EAGLE-2 drafters; this is a {kind} drafter (use --format official)")
 

@@ -1,7 +1,7 @@
 """Command line of the training pipeline.
 
     python -m gumiho.train prepare --out DIR [--split train|heldout] [--no-distill] ...   # data + target features
-    python -m gumiho.train --drafter eagle2|gumiho --data DIR --out RUN ...               # train (resumable)
+    python -m gumiho.train --drafter eagle2|gumiho|medusa|hydra --data DIR --out RUN ...  # train (resumable)
     python -m gumiho.train eval --drafter-dir FOLDER --heldout DIR [--mt-bench N] ...     # accuracy and tau
     python -m gumiho.train ship --run RUN --dest FOLDER                                   # fp16 drafter + model card
 """
@@ -73,16 +73,15 @@ def prepare_main(argv: list[str]) -> int:
 
 
 def train_main(argv: list[str]) -> int:
-    from .trainer import TrainConfig, train
+    from .trainer import TrainConfig, check_kind, train
 
     parser = OneLineParser(prog="python -m gumiho.train",
-                           description="train an EAGLE-2 or Gumiho drafter on cached features")
+                           description="train an EAGLE-2, Gumiho, Medusa or Hydra drafter on cached features")
     _add_dataclass_arguments(parser, TrainConfig)
     _common(parser)
     args = parser.parse_args(argv)
     config = _config(TrainConfig, args)
-    if config.drafter not in ("eagle2", "gumiho"):
-        raise GumihoError(f"--drafter must be eagle2 or gumiho, not {config.drafter!r}")
+    check_kind(config.drafter)
     missing = [folder for folder in config.data.split(",") if not Path(folder).is_dir()]
     if missing:
         raise GumihoError(f"no feature folder {missing[0]}; run `python -m gumiho.train prepare` first")

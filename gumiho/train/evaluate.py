@@ -3,14 +3,19 @@
 Chain accuracy at depth d: from an accepted prefix ending at slot i (root x_{i+1}), the share of origins whose
 first d draft tokens all equal the target's greedy tokens, each step fed the previous step's *draft* feature, as
 in decoding. All origins run at once: the real sequence fills the draft cache, then "stream" s holds step s+1 of
-every origin at position i+s, seeing the real slots <= i and its own earlier streams.
+every origin at position i+s, seeing the real slots <= i and its own earlier streams. Medusa's and Hydra's head k
+reads f_i (Hydra: and the root and the tokens before its own) and drafts depth k + 1; they draft no deeper than
+their heads.
+
+A step is fed the target's greedy tokens before it rather than the draft's own: where they differ the chain has
+already failed, so the accuracy is the same, and every origin's steps run in one call.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..drafters import Drafter, GumihoDrafter
+from ..drafters import Drafter, GumihoDrafter, HeadDrafter
 from ..drafters.layers import KVCache
 from ..target import Target
 from .features import Sequence
@@ -32,32 +37,47 @@ def _greedy(drafter: Drafter, hidden: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def chain_predictions(drafter: Drafter, target: Target, seq: Sequence, depth: int = DEPTH):
     """Draft tokens [origins, depth], the target's greedy tokens at the same places [origins, depth], and which
-    origins count [origins] (those whose `depth` drafted tokens are all assistant tokens)."""
+    origins count [origins] (those whose `depth` drafted tokens are all assistant tokens). A head drafter's depth
+    is at most its number of heads."""
     dev = target.device
+    if isinstance(drafter, HeadDrafter):
+        depth = min(depth, drafter.config.mlp_heads)
     ids, feats = seq.input_ids.to(dev), seq.features.to(dev, torch.float32)
     t = ids.shape[0]
-    n = t - 1  # slots / origins
+    origins = torch.arange(t - 1, device=dev)
     greedy = torch.full((t + depth + 1,), 0, dtype=torch.long, device=dev)
     greedy[1: t + 1] = (feats @ target.head_weight.float().T).argmax(-1)  # y_{j+1}: target's token after x_{<=j}
+    labels = torch.stack([greedy[origins + 2 + s] for s in range(depth)], 1)
+    chain = _head_chain if isinstance(drafter, HeadDrafter) else _feature_chain
+    predicted = chain(drafter, ids, feats, labels)
+    mask = torch.cat([seq.loss_mask.to(dev), torch.zeros(depth + 2, dtype=torch.bool, device=dev)])
+    counted = torch.stack([mask[origins + 2 + s] for s in range(depth)], 1).all(1)
+    return predicted, labels, counted
+
+
+def _head_chain(drafter: HeadDrafter, ids: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    roots = ids[1:, None]
+    return torch.stack([_greedy(drafter, drafter.predict(feats[:-1], torch.cat([roots, labels[:, :k]], 1), k))
+                        for k in range(labels.shape[1])], 1)
+
+
+def _feature_chain(drafter: Drafter, ids: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    n, depth, dev = labels.shape[0], labels.shape[1], labels.device
     tr, cache = drafter.transformer, KVCache(drafter.config.num_layers)
     positions = torch.arange(n, device=dev)
     h = tr(tr.fuse(drafter.embed(ids[1:]), feats[:-1])[None], positions, None, cache)[0]
-    origins = torch.arange(n, device=dev)
     predicted = [_greedy(drafter, h)]
     serial_steps = 2 if isinstance(drafter, GumihoDrafter) else depth
     fused_prev = None
     for s in range(1, serial_steps):
-        fused_prev = tr.fuse(drafter.embed(greedy[origins + s + 1]), h)
+        fused_prev = tr.fuse(drafter.embed(labels[:, s - 1]), h)
         h = tr(fused_prev[None], positions + s, _stream_mask(n, s, dev), cache)[0]
         predicted.append(_greedy(drafter, h))
     if isinstance(drafter, GumihoDrafter):
-        second = tr.fuse(drafter.embed(greedy[origins + 3]), h)
+        second = tr.fuse(drafter.embed(labels[:, 1]), h)
         heads = drafter.heads(torch.cat([fused_prev, second], -1))[: depth - 2]
         predicted += list(_greedy(drafter, heads))
-    labels = torch.stack([greedy[origins + 2 + s] for s in range(depth)], 1)
-    mask = torch.cat([seq.loss_mask.to(dev), torch.zeros(depth + 2, dtype=torch.bool, device=dev)])
-    counted = torch.stack([mask[origins + 2 + s] for s in range(depth)], 1).all(1)
-    return torch.stack(predicted, 1), labels, counted
+    return torch.stack(predicted, 1)
 
 
 def chain_hits(drafter: Drafter, target: Target, seq: Sequence, depth: int = DEPTH) -> torch.Tensor:
@@ -72,7 +92,7 @@ def chain_accuracy(drafter: Drafter, target: Target, sequences: list[Sequence], 
     drafter.eval()
     hits = torch.cat([chain_hits(drafter, target, s, depth).cpu() for s in sequences])
     if hits.shape[0] == 0:
-        return [0.0] * depth
+        return [0.0] * hits.shape[1]
     return [round(v, 4) for v in hits.cumprod(1).float().mean(0).tolist()]
 
 

@@ -5,6 +5,9 @@ Alignment, with features f_j and tokens x_j of one sequence:
   (the distribution of x_{j+2}); it counts where x_{j+2} is an assistant token.
   Gumiho's MLP input at slot t is [fc([e(x_{t+2}); h_t]) ; fc([e(x_{t+3}); h_{t+1}])] (ground-truth tokens, h not
   detached); head i regresses f_{t+3+i} and counts where x_{t+4+i} is an assistant token.
+  Medusa's and Hydra's head k at slot j reads f_j + noise (Hydra: and e(x_{j+1}) .. e(x_{j+k+1}), ground-truth
+  tokens, teacher forcing as in Hydra's training); it regresses f_{j+k+1} and counts where x_{j+k+2} is an
+  assistant token. These drafters have no Transformer term.
 Logits everywhere are over the drafter's vocabulary (`drafter.head_weight`, possibly a draft vocabulary).
 """
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from ..drafters import Drafter, GumihoDrafter
+from ..drafters import Drafter, GumihoDrafter, HeadDrafter
 from ..drafters.layers import KVCache
 from .batches import Batch
 from .losses import feature_loss, head_weights, soft_cross_entropy
@@ -29,6 +32,11 @@ class LossWeights:
     mlp_ce: float = 0.1  # only while `mlp_ce_on`
     mlp_decay: float = 0.8
     mlp_normaliser: float = 9.0
+    # Medusa, Hydra: head k's terms are weighted head_decay^k. Soft CE alone, as Medusa trains on CE: on held-out
+    # data it drafted as well as or better than with the feature loss added (docs/training.md#medusa-and-hydra).
+    head_feature: float = 0.0
+    head_ce: float = 1.0
+    head_decay: float = 0.8
 
 
 def input_noise(shape: torch.Size, amplitude: float, generator: torch.Generator | None, device) -> torch.Tensor:
@@ -104,13 +112,47 @@ def batch_losses(
     """Total loss and its parts (detached 0-d tensors, for logging) for one batch.
 
     `unroll` > 1 adds the loss of draft steps 2..unroll fed their own outputs (`unrolled_outputs`), each weighted
-    like step 1; Gumiho's MLP heads then read step 2's output, as they do when drafting.
+    like step 1; Gumiho's MLP heads then read step 2's output, as they do when drafting. Head drafters (Medusa,
+    Hydra) read the target's features only, so `unroll` and `mlp_ce_on` do not apply to them.
     Nothing here waits for the device: the parts are read only when the trainer logs (`mean_parts`).
     `generator` must live on the batch's device."""
+    feats = batch.features
+    inputs = feats[:, :-1] + input_noise(feats[:, :-1].shape, noise, generator, feats.device)
+    if isinstance(drafter, HeadDrafter):
+        total, parts = _head_drafter_losses(drafter, batch, inputs, weights)
+    else:
+        total, parts = _feature_drafter_losses(drafter, batch, inputs, weights, mlp_ce_on, unroll)
+    parts["loss"] = total.detach()
+    return total, parts
+
+
+def _head_drafter_losses(drafter: HeadDrafter, batch: Batch, inputs: torch.Tensor, weights: LossWeights):
+    """Medusa's or Hydra's heads; head k's parts are named like a depth-(k + 1) draft step's (lv, lp, acc1 for head
+    0; lv_step2, lp_step2, acc2 for head 1; ...)."""
+    ids, mask, feats = batch.input_ids, batch.loss_mask, batch.features
+    dev = feats.device
+    total = torch.zeros((), device=dev)
+    parts = {}
+    for k in range(drafter.config.mlp_heads):
+        width = feats.shape[1] - k - 2  # slots j whose token x_{j+k+2} exists
+        if width < 1:
+            break
+        rows = _rows(mask[:, k + 2:], dev)
+        following = torch.stack([ids[:, 1 + i: 1 + i + width] for i in range(k + 1)], -1)  # x_{j+1} .. x_{j+k+1}
+        predicted = drafter.predict(_select(inputs[:, :width], rows), _select(following, rows), k)
+        lv, lp, agree = _prediction_terms(drafter, predicted, _select(feats[:, k + 1: k + 1 + width], rows), True)
+        total = total + weights.head_decay**k * (weights.head_feature * lv + weights.head_ce * lp)
+        suffix = "" if k == 0 else f"_step{k + 1}"
+        parts.update({f"lv{suffix}": lv.detach(), f"lp{suffix}": lp.detach(), f"acc{k + 1}": agree})
+    return total, parts
+
+
+def _feature_drafter_losses(drafter: Drafter, batch: Batch, inputs: torch.Tensor, weights: LossWeights,
+                            mlp_ce_on: bool, unroll: int):
+    """EAGLE's and Gumiho's Transformer (every unrolled step), and Gumiho's MLP heads."""
     ids, mask, feats = batch.input_ids, batch.loss_mask, batch.features
     b, t, hidden = feats.shape
     dev = feats.device
-    inputs = feats[:, :-1] + input_noise(feats[:, :-1].shape, noise, generator, dev)
     outputs = unrolled_outputs(drafter, ids, inputs, unroll)
     h = outputs[0]
 
@@ -147,7 +189,6 @@ def batch_losses(
                 parts[f"lv_mlp{i}"] = lv_i.detach()
                 if mlp_ce_on:
                     parts[f"acc_mlp{i}"] = agree_i
-    parts["loss"] = total.detach()
     return total, parts
 
 

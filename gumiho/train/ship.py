@@ -10,12 +10,28 @@ import torch
 from ..drafters import Drafter
 from ..errors import GumihoError
 
+NAMES = {"medusa": "Medusa", "hydra": "Hydra", "eagle2": "EAGLE-2", "gumiho": "Gumiho"}
+
+
+def loss_line(c: dict, kind: str) -> str:
+    """The training objective of a run's config (docs/design.md §14.2)."""
+    if kind in ("medusa", "hydra"):
+        objective = (f"Loss: head k weighted 0.8^k x (SmoothL1 features x {c['head_feature_weight']} + soft CE x "
+                     f"{c['head_ce_weight']})")
+    else:
+        objective = f"Loss: SmoothL1 features x 1.0 + soft CE x {c['ce_weight']}"
+        if kind == "gumiho":
+            objective += (f"; MLP heads 0.8^(i+1)/9 x (SmoothL1 + {c['mlp_ce_weight']} soft CE from epoch "
+                          f"{c['mlp_ce_epoch']})")
+    return (f"- {objective}; AdamW lr {c['lr']} (0.9, 0.95), warmup {c['warmup_steps']} then linear decay to 0, "
+            f"clip-norm {c['clip_norm']}, noise {c['noise']}, seed {c['seed']}.")
+
 
 def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
     c = summary["config"]
     final = summary.get("final", {})
     lines = [
-        f"# SmolLM2-135M-Instruct {'Gumiho' if kind == 'gumiho' else 'EAGLE-2'} drafter",
+        f"# SmolLM2-135M-Instruct {NAMES[kind]} drafter",
         "",
         f"Draft head for speculative decoding with `python -m gumiho generate --method {kind}`. Holds only the "
         "drafter's own weights (fp16); the embedding and lm_head are the target's and are shared at load time.",
@@ -33,11 +49,7 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
           if c.get("unroll", 1) > 1 else []),
         f"- Draft vocabulary: {summary.get('draft_vocab_size') or c['draft_vocab'] or 'full'} ids "
         f"(covers {100 * summary['draft_vocab_coverage']:.1f}% of the training assistant tokens).",
-        f"- Loss: SmoothL1 features x 1.0 + soft CE x {c['ce_weight']}"
-        + (f"; MLP heads 0.8^(i+1)/9 x (SmoothL1 + {c['mlp_ce_weight']} soft CE from epoch {c['mlp_ce_epoch']})"
-           if kind == "gumiho" else "")
-        + f"; AdamW lr {c['lr']} (0.9, 0.95), warmup {c['warmup_steps']} then linear decay to 0, clip-norm "
-        f"{c['clip_norm']}, noise {c['noise']}, seed {c['seed']}.",
+        loss_line(c, kind),
         "- Final training losses (mean of the last logged steps): "
         + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k not in ("step", "epoch")),
     ]
@@ -45,8 +57,10 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         lines += ["", "## Evaluation"]
         if "chain_accuracy" in evaluation:
             acc = evaluation["chain_accuracy"]
-            lines.append("- Held-out chain accuracy, depth 1..7 (draft tokens = target's greedy tokens, "
-                         "each step fed the draft's own features): " + ", ".join(f"{a:.3f}" for a in acc))
+            fed = ("each head reading the target's feature" if kind in ("medusa", "hydra")
+                   else "each step fed the draft's own features")
+            lines.append(f"- Held-out chain accuracy, depth 1..{len(acc)} (draft tokens = target's greedy tokens, "
+                         f"{fed}): " + ", ".join(f"{a:.3f}" for a in acc))
         if "draft_vocab_coverage" in evaluation:
             lines.append(f"- Draft vocabulary coverage of the target's greedy tokens on held-out replies: "
                          f"{100 * evaluation['draft_vocab_coverage']:.1f}% (an upper bound on per-step acceptance).")

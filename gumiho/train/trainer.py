@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import Drafter, new_drafter
+from ..drafters import DRAFTERS, Drafter, new_drafter
 from ..errors import GumihoError
 from ..target import Target
 from .batches import collate, epoch_order, on_device, plan_batches
@@ -27,7 +27,7 @@ PROBE_SKIP = 5  # steps left out of the speed measurement of a run with a time b
 
 @dataclass
 class TrainConfig:
-    drafter: str = option("eagle2 or gumiho")
+    drafter: str = option("the drafter to train: " + ", ".join(DRAFTERS))
     data: str = option("feature folder(s) from `prepare`, comma-separated (repeat one to weight it)")
     out: str = option("run folder: checkpoints, the final drafter, train.json")
     draft_vocab: int = option("draft vocabulary: the N most frequent assistant tokens; 0: the full vocabulary", 8192)
@@ -44,6 +44,9 @@ class TrainConfig:
     ce_weight: float = option("weight of the soft cross-entropy against the target's distribution", 0.1)
     mlp_ce_weight: float = option("Gumiho: weight of the MLP heads' soft cross-entropy", 0.1)
     mlp_ce_epoch: int = option("Gumiho: the MLP heads' cross-entropy is off before this epoch", 1)
+    head_feature_weight: float = option("Medusa, Hydra: weight of each head's feature loss (head k's terms are "
+                                        "weighted 0.8^k)", 0.0)
+    head_ce_weight: float = option("Medusa, Hydra: weight of each head's soft cross-entropy", 1.0)
     init: str = option("drafter folder to start from (same kind; its draft vocabulary is kept); empty: random", "")
     unroll: int = option("draft steps trained per position; steps 2.. read the draft's own output "
                          "(training-time test)", 1)
@@ -86,11 +89,15 @@ def frequency_vocab(sequences: list[Sequence], size: int, vocab_size: int, alway
     return ids.sort().values, coverage_of(ids, counts)
 
 
+def check_kind(kind: str) -> None:
+    if kind not in DRAFTERS:
+        raise GumihoError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {kind!r}")
+
+
 def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]) -> tuple[Drafter, float]:
     """A new drafter with a frequency-ranked draft vocabulary, or the `init` drafter; and the share of the data's
     assistant tokens its draft vocabulary covers."""
-    if config.drafter not in ("eagle2", "gumiho"):
-        raise GumihoError(f"--drafter must be eagle2 or gumiho, not {config.drafter!r}")
+    check_kind(config.drafter)
     vocab_size = target.vocab_size
     if config.init:
         drafter = Drafter.from_pretrained(config.init)
@@ -240,7 +247,7 @@ def log_progress(config: TrainConfig, state: TrainState) -> None:
     eta = (state.length.steps - state.step) * state.elapsed / state.step
     log.info("step %d/%d epoch %d loss %.4f lv %.4f lp %.3f acc1 %.3f%s%s | %.0f tok/s, eta %.0f min",
              state.step, state.length.steps, state.epoch, mean["loss"], mean["lv"], mean["lp"], mean["acc1"],
-             "".join(f" acc{k} {mean[f'acc{k}']:.3f}" for k in range(2, config.unroll + 1)),
+             "".join(f" acc{k} {mean[f'acc{k}']:.3f}" for k in range(2, 10) if f"acc{k}" in mean),
              "".join(f" mlp{i} {mean[f'acc_mlp{i}']:.3f}" for i in range(5) if f"acc_mlp{i}" in mean),
              rate, eta / 60)
 
@@ -278,7 +285,8 @@ def train(config: TrainConfig, target: Target) -> Path:
     else:  # resumed before the length was fixed: an earlier attempt's file would mislead the waiting script
         (out / "length.json").unlink(missing_ok=True)
 
-    weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight)
+    weights = LossWeights(ce=config.ce_weight, mlp_ce=config.mlp_ce_weight, head_feature=config.head_feature_weight,
+                          head_ce=config.head_ce_weight)
     generator = torch.Generator(device=dev)
     started = time.time() - state.elapsed
     while state.epoch < config.epochs and state.step < state.length.steps:
