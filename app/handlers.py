@@ -207,15 +207,15 @@ class Handlers:
     # Explore ---------------------------------------------------------------------------------------------------
 
     def generate(self, prompt: Any, method: Any, temperature: Any, max_new_tokens: Any, top_p: Any, seed: Any,
-                 top_k: Any, depth: Any, total_tokens: Any, mlptopk: Any, pruning: Any, fta: Any,
+                 top_k: Any, depth: Any, total_tokens: Any, mlptopk: Any, pruning: Any, fta: Any, tau_acc: Any,
                  request: gr.Request) -> Iterator[dict]:
         ui = self.explore
         try:
             prompt, method = validate.prompt(prompt, self.limits), validate.method(method)
             settings = RunSettings(**validate.numbers(
                 self.limits, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                top_k=top_k, depth=depth, total_tokens=total_tokens, mlptopk=mlptopk, pruning=pruning),
-                fta=validate.flag("fta", fta))
+                top_k=top_k, depth=depth, total_tokens=total_tokens, mlptopk=mlptopk, pruning=pruning,
+                tau_acc=tau_acc), fta=validate.flag("fta", fta))
         except WrongType as exc:
             raise refuse("/generate", exc) from None
         except InvalidInput as exc:

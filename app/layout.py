@@ -24,8 +24,8 @@ LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": 
 METHOD_CHOICES = [(method_name(m), m) for m in reversed(DRAFTED_METHODS)] + [("AR (no drafting)", "ar")]
 RACE_CHOICES = [(method_name(m), m) for m in DRAFTED_METHODS]
 TREE_LABELS = {
-    "top_k": "top-k (candidates per expanded node)",
-    "depth": "depth (EAGLE-2: expansions; Gumiho: draft depth − 1; static trees: deepest path)",
+    "top_k": "top-k (candidates per expanded node; MJSD: beams)",
+    "depth": "depth (EAGLE-2: expansions; Gumiho: draft depth − 1; static trees: deepest path; MJSD: chain length)",
     "total_tokens": "total tokens verified per cycle (root incl.)",
     "mlptopk": "Gumiho: mlptopk (candidates per MLP head)",
     "pruning": "Gumiho: pruning (nodes kept per MLP depth)",
@@ -42,6 +42,8 @@ def _tree_inputs(limits: Limits) -> dict[str, gr.components.Component]:
     boxes: dict[str, gr.components.Component] = {
         name: _slider(name, defaults[name], label, limits) for name, label in TREE_LABELS.items()}
     boxes["fta"] = gr.Checkbox(value=defaults["fta"], label="Gumiho: Full Tree Attention (approximate; greedy only)")
+    boxes["tau_acc"] = _slider("tau_acc", TreeSettings.default("mjsd").tau_acc, "MJSD: τ_acc (a prefix passes when "
+                               "min(1, P/Q) ≥ τ_acc)", limits, 0.05)
     return boxes
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 from gumiho.errors import GumihoError
 from gumiho.sampling import SamplingConfig
 from gumiho.trace import METHODS, GenerationTrace
-from gumiho.static_tree import STATIC_METHODS, choices_for
+from gumiho.static_tree import STATIC_METHODS, capped_total
 from gumiho.tree import TreeSettings
 
 from .style import method_name
@@ -39,7 +39,8 @@ T = TypeVar("T")
 # The tree fields each method's tree takes from the page (the rest keep the method's automatic value).
 TREE_FIELDS_USED = {"gumiho": ("top_k", "depth", "total_tokens", "mlptopk", "pruning", "fta"),
                     "eagle2": ("top_k", "depth", "total_tokens"),
-                    **{m: ("depth", "total_tokens") for m in ("eagle1", "medusa", "hydra")}}
+                    **{m: ("depth", "total_tokens") for m in ("eagle1", "medusa", "hydra")},
+                    "mjsd": ("top_k", "depth", "tau_acc")}  # beams, chain length, threshold
 ENGINE_LOCK = threading.Lock()  # held by the thread of the run using the engine
 
 
@@ -57,6 +58,7 @@ class RunSettings:
     mlptopk: int | None = None
     pruning: int | None = None
     fta: bool | None = None
+    tau_acc: float | None = None
 
     def tree_overrides(self, method: str) -> dict:
         """The tree fields `method` uses (TREE_FIELDS_USED), from this visitor's choices."""
@@ -75,7 +77,9 @@ class RunSettings:
             chosen = self.tree_overrides(method)
             if method in STATIC_METHODS and chosen["total_tokens"] is not None:  # a static tree has a fixed size
                 depth = chosen["depth"] or (base or TreeSettings.default(method)).depth
-                chosen["total_tokens"] = min(chosen["total_tokens"], len(choices_for(method, depth)) + 1)
+                chosen["total_tokens"] = capped_total(method, depth, chosen["total_tokens"])
+            if method == "mjsd" and chosen["depth"] is not None:  # MJSD verifies its whole chain
+                chosen["total_tokens"] = chosen["depth"] + 1
             tree = TreeSettings.resolve(method, overrides=chosen, base=base)
         return GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=sampling, seed=self.seed, trace=True,
                                 tree=tree)
@@ -90,9 +94,10 @@ def race_order(methods: Iterable[str]) -> list[str]:
 def race_settings(settings: RunSettings, methods: Iterable[str] = RACE_DEFAULT) -> dict[str, RunSettings]:
     """Matched budgets: every drafter verifies the same number of tokens, with the same top-k where its tree has
     one; depths stay each method's own (EAGLE-2 expands serially, Gumiho drafts 2 serial + 5 parallel tokens, a
-    static tree has its own shape)."""
+    static tree has its own shape). MJSD keeps its own beams and chain (it verifies one chain, not a tree)."""
     shared = replace(settings, depth=None, mlptopk=None, pruning=None)
-    return {method: shared for method in race_order(methods)}
+    own = replace(shared, top_k=None, total_tokens=None)  # MJSD: its beams and chain, not a tree budget
+    return {method: own if method == "mjsd" else shared for method in race_order(methods)}
 
 
 

@@ -55,6 +55,7 @@ FIELDS = {
     "total_tokens": Range("total tokens", 2, 64),
     "mlptopk": Range("mlptopk", 1, 40),
     "pruning": Range("pruning", 1, 40),
+    "tau_acc": Range("τ_acc", 0, 1, integer=False),
 }
 
 

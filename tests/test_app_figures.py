@@ -436,7 +436,7 @@ def test_a_run_stopped_in_the_queue_never_starts():
     engine.run = lambda *a, **k: ran.append(a)  # the run must not even be created
     handlers.queue(request)
     assert handlers.stop(request).startswith("Stopping")
-    outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, request))
+    outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, 0.9, request))
     assert outputs[-1][handlers.explore.message] == STOPPED_IN_QUEUE and not ran
 
 
@@ -584,3 +584,21 @@ def test_after_stop_the_visitor_may_start_again():
     assert sessions.busy("a") and not sessions.busy("b")
     sessions.stop("a")
     assert not sessions.busy("a")
+
+
+def test_mjsd_cycle_lists_its_joint_checks_and_the_longest_passing_prefix():
+    from dataclasses import replace
+
+    from gumiho.trace import JointCheck
+
+    cycle = replace(gumiho_trace().steps[0], joint=[JointCheck(1, 0.5, 0.6, 0.833, False),
+                                                    JointCheck(2, 0.3, 0.2, 1.0, True),
+                                                    JointCheck(3, 0.01, 0.1, 0.1, False)])
+    text = render.cycle_markdown(cycle)
+    assert "MJSD's joint check" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 3 and "← accepted" in rows[1] and "✗" in rows[0] and "✓ passes" in rows[1]
+    assert render.joint_markdown(gumiho_trace().steps[0]) == ""
+    trace = replace(gumiho_trace(), method="mjsd")
+    trace.settings.approximate = "MJSD accepts by joint likelihood"
+    assert "Approximate output" in render.trace_summary(trace)

@@ -83,12 +83,19 @@ def drafter_folders(args: argparse.Namespace) -> dict[str, str | None]:
 
 def choose_trees(engine, args) -> dict:
     """The tree per drafter method: the engine's automatic choice (per method), or --total-tokens / --tree-top-k for
-    both drafters alike."""
+    every drafter alike (a static tree takes at most its own size; MJSD keeps its own beams and chain)."""
+    from ..static_tree import STATIC_METHODS, capped_total
     from ..tree import TreeSettings
 
-    overrides = {"total_tokens": None if args.total_tokens == "auto" else args.total_tokens, "top_k": args.tree_top_k}
-    return {m: TreeSettings.resolve(m, engine.target.device.type, overrides, base=engine.default_tree(m))
-            for m in engine.drafters}
+    trees = {}
+    for m in engine.drafters:
+        base = engine.default_tree(m)
+        total = None if args.total_tokens == "auto" else args.total_tokens
+        if m in STATIC_METHODS and total is not None:
+            total = capped_total(m, base.depth, total)
+        overrides = {} if m == "mjsd" else {"total_tokens": total, "top_k": args.tree_top_k}
+        trees[m] = TreeSettings.resolve(m, engine.target.device.type, overrides, base=base)
+    return trees
 
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:

@@ -21,13 +21,14 @@ from ..trace import DRAFTED_METHODS, CycleTrace, GenerationTrace
 from ..tree import TreeSettings
 from .datasets import DEFAULT_DIR, Question, encode_conversation, load_questions
 from .journal import JobKey
+from ..perplexity import perplexity
 from .metrics import prompt_row
 from .reference import TransformersReference, reference_dtype, reference_name
 
 REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16")
 DRAFTED = DRAFTED_METHODS  # the papers' order; a lossy method (MJSD) last
-VARIANTS = ("transformers", "ar", *DRAFTED, "gumiho+fta", *REFERENCES[1:])
-DEFAULT_VARIANTS = ("transformers", "ar", *DRAFTED, "gumiho+fta")
+DEFAULT_VARIANTS = ("transformers", "ar", *(v for m in DRAFTED for v in ((m, "gumiho+fta") if m == "gumiho" else (m,))))
+VARIANTS = (*DEFAULT_VARIANTS, *REFERENCES[1:])
 
 
 @dataclass(frozen=True)
@@ -134,10 +135,12 @@ def run_conversation(engine: Engine, variants: list[Variant], question: Question
                                              reference)
             bar.update()
         reference = results["ar"][0] if "ar" in results and temperature == 0 else None
+        prompt_ids = ids or engine.target.encode_prompt(text)
         for variant in chosen:
             trace, cycles = results[variant.name]
             ref = reference if variant.name != "ar" else None
-            rows.append({**key, "turn": turn, "method": variant.name, **prompt_row(trace, cycles, ref)})
+            quality = perplexity(engine.target, prompt_ids, trace.token_ids) if trace.token_ids else None
+            rows.append({**key, "turn": turn, "method": variant.name, **prompt_row(trace, cycles, ref, quality)})
         # The next turn follows AR's answer (the first variant's without AR), the same for every method.
         history += [text, results.get("ar", results[chosen[0].name])[0].text]
     return rows
