@@ -214,7 +214,7 @@ def test_race_runs_the_picked_methods(page):
     tab(page, "Race")
     page.get_by_label("Race prompt", exact=True).fill("Name three fruits.")
     set_number(page, "Max new tokens", 8)
-    page.get_by_label("EAGLE", exact=True).check()  # EAGLE-2 and Gumiho are picked already
+    page.get_by_role("checkbox", name="EAGLE", exact=True).check()  # EAGLE-2 and Gumiho are picked already
     page.get_by_role("button", name="Race", exact=True).click()
     page.get_by_text("Done.", exact=True).wait_for(timeout=LONG_MS)
     texts = page.locator(".gm-texts > div")
