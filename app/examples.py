@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from gumiho.trace import GenerationTrace, TraceError
+from gumiho.trace import DRAFTED_METHODS, GenerationTrace, TraceError
 
 from .style import method_name
 
@@ -48,7 +48,7 @@ class Example:
         return [(f"{method_name(t.method)} · {short}", f"{self.name}/{t.method}") for t in self.traces]
 
 
-def load_examples(folder: Path = TRACES, order: tuple[str, ...] = ("eagle2", "gumiho", "ar")) -> list[Example]:
+def load_examples(folder: Path = TRACES, order: tuple[str, ...] = (*DRAFTED_METHODS, "ar")) -> list[Example]:
     """Every example folder that holds valid traces, methods in race order; broken files are skipped with a log line."""
     examples = []
     for sub in sorted(p for p in folder.glob("*") if p.is_dir()):

@@ -25,13 +25,14 @@ from . import figures, validate
 from .render import is_reference
 from .examples import Example
 from .service import (
-    RACE_ORDER,
+    TREE_FIELDS_USED,
     Control,
     EngineLoader,
     RunSettings,
     Sessions,
     follow,
     race,
+    race_order,
     race_settings,
     save_traces,
     stream,
@@ -48,7 +49,6 @@ RACE_EVERY_S = 1.0
 PLAY, PAUSE = "▶ Play", "⏸ Pause"
 STOPPED_IN_QUEUE = "Stopped before it started (it was waiting for the engine)."
 BUSY = "A run is in progress: Stop it first."
-TREE_FIELDS = ("top_k", "depth", "total_tokens", "mlptopk", "pruning", "fta")
 Component = gr.components.Component
 
 
@@ -207,15 +207,15 @@ class Handlers:
     # Explore ---------------------------------------------------------------------------------------------------
 
     def generate(self, prompt: Any, method: Any, temperature: Any, max_new_tokens: Any, top_p: Any, seed: Any,
-                 top_k: Any, depth: Any, total_tokens: Any, mlptopk: Any, pruning: Any, fta: Any,
+                 top_k: Any, depth: Any, total_tokens: Any, mlptopk: Any, pruning: Any, fta: Any, tau_acc: Any,
                  request: gr.Request) -> Iterator[dict]:
         ui = self.explore
         try:
             prompt, method = validate.prompt(prompt, self.limits), validate.method(method)
             settings = RunSettings(**validate.numbers(
                 self.limits, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                top_k=top_k, depth=depth, total_tokens=total_tokens, mlptopk=mlptopk, pruning=pruning),
-                fta=validate.flag("fta", fta))
+                top_k=top_k, depth=depth, total_tokens=total_tokens, mlptopk=mlptopk, pruning=pruning,
+                tau_acc=tau_acc), fta=validate.flag("fta", fta))
         except WrongType as exc:
             raise refuse("/generate", exc) from None
         except InvalidInput as exc:
@@ -291,18 +291,18 @@ class Handlers:
 
     def method_defaults(self, method: str) -> dict:
         """The method's default tree in the advanced panel; fields it does not use keep their value, greyed out."""
-        used = {"gumiho": TREE_FIELDS, "eagle2": ("top_k", "depth", "total_tokens")}.get(method, ())
+        used = TREE_FIELDS_USED.get(method, ())
         defaults = self.loader.default_tree(method).to_dict() if used else {}
         return {box: gr.update(value=defaults[name], interactive=True) if name in used else gr.update(interactive=False)
                 for name, box in self.explore.tree_fields.items()}
 
     # Race ------------------------------------------------------------------------------------------------------
 
-    def race(self, prompt: Any, temperature: Any, max_new_tokens: Any, top_k: Any, total_tokens: Any, fta: Any,
-             request: gr.Request) -> Iterator[dict]:
+    def race(self, prompt: Any, methods: Any, temperature: Any, max_new_tokens: Any, top_k: Any, total_tokens: Any,
+             fta: Any, request: gr.Request) -> Iterator[dict]:
         ui = self.racing
         try:
-            prompt = validate.prompt(prompt, self.limits)
+            prompt, methods = validate.prompt(prompt, self.limits), validate.race_methods(methods)
             settings = RunSettings(**validate.numbers(self.limits, max_new_tokens=max_new_tokens,
                                                       temperature=temperature, top_k=top_k,
                                                       total_tokens=total_tokens), fta=validate.flag("fta", fta))
@@ -317,17 +317,17 @@ class Handlers:
                 if control.stopped:
                     return
                 configs = {m: s.config(m, self.loader.default_tree(m))
-                           for m, s in race_settings(settings).items()}
+                           for m, s in race_settings(settings, methods).items()}
                 yield {ui.pick: None}
                 traces: list[GenerationTrace] = []
                 runs = race(self.loader.engine, prompt, configs, control, self.limits, self.loader.reference())
                 with closing(follow(runs, RACE_EVERY_S, control.stop)) as updates:
                     for traces in updates:
                         running = method_name(traces[-1].method)
-                        yield {ui.message: f"Racing: {running} ({len(traces)} of {len(RACE_ORDER) + 1})…",
+                        yield {ui.message: f"Racing: {running} ({len(traces)} of {len(configs) + 1})…",
                                **ui.values(traces)}
                 engine_traces = [t for t in traces if not is_reference(t)]  # a replayable trace is an engine's
-                finished = len(engine_traces) == len(RACE_ORDER)
+                finished = len(engine_traces) == len(configs)
                 yield {ui.message: ending(control, engine_traces[-1] if engine_traces else None, self.limits,
                                           finished),
                        **ui.values(traces), ui.files: save_traces(engine_traces)}
@@ -348,10 +348,11 @@ class Handlers:
             traces = [validate.trace_file(p) for p in paths or []]
             methods = [t.method for t in traces]
             if not traces or len(set(methods)) != len(methods):
-                raise InvalidInput("upload one to three trace files, at most one per method")
+                raise InvalidInput("upload trace files of one run each, at most one per method")
         except InvalidInput as exc:
             return {ui.message: failure(exc)}
-        traces.sort(key=lambda t: RACE_ORDER.index(t.method))
+        order = race_order(methods)
+        traces.sort(key=lambda t: order.index(t.method))
         return {ui.message: "Replaying the uploaded traces.", **ui.values(traces), ui.pick: None}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from gumiho.trace import DRAFTED_METHODS
 from gumiho.tree import TreeSettings
 
 from . import figures
@@ -12,17 +13,19 @@ from .blocks import Blocks
 from .examples import PROMPTS, Example, load_examples
 from .handlers import PLAY, ExploreParts, Handlers, RaceParts, tau_calculator
 from .lesson import lesson_parts
-from .service import EngineLoader, Sessions
+from .service import RACE_DEFAULT, EngineLoader, Sessions
 from .style import CSS, method_name
 from .validate import FIELDS, Limits
 from .views import ExploreView, RaceView, showcase_cycle, showcase_index
 
 PLAY_EVERY_S = 0.9
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
-METHOD_CHOICES = [("Gumiho", "gumiho"), ("EAGLE-2", "eagle2"), ("AR (no drafting)", "ar")]
+# The picker: the papers' methods, newest first; AR last.
+METHOD_CHOICES = [(method_name(m), m) for m in reversed(DRAFTED_METHODS)] + [("AR (no drafting)", "ar")]
+RACE_CHOICES = [(method_name(m), m) for m in DRAFTED_METHODS]
 TREE_LABELS = {
-    "top_k": "top-k (candidates per expanded node)",
-    "depth": "depth (EAGLE-2: expansions; Gumiho: draft depth − 1)",
+    "top_k": "top-k (candidates per expanded node; MJSD: beams)",
+    "depth": "depth (EAGLE-2: expansions; Gumiho: draft depth − 1; static trees: deepest path; MJSD: chain length)",
     "total_tokens": "total tokens verified per cycle (root incl.)",
     "mlptopk": "Gumiho: mlptopk (candidates per MLP head)",
     "pruning": "Gumiho: pruning (nodes kept per MLP depth)",
@@ -39,6 +42,8 @@ def _tree_inputs(limits: Limits) -> dict[str, gr.components.Component]:
     boxes: dict[str, gr.components.Component] = {
         name: _slider(name, defaults[name], label, limits) for name, label in TREE_LABELS.items()}
     boxes["fta"] = gr.Checkbox(value=defaults["fta"], label="Gumiho: Full Tree Attention (approximate; greedy only)")
+    boxes["tau_acc"] = _slider("tau_acc", TreeSettings.default("mjsd").tau_acc, "MJSD: τ_acc (a prefix passes when "
+                               "min(1, P/Q) ≥ τ_acc)", limits, 0.05)
     return boxes
 
 
@@ -104,17 +109,20 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                                        gr.Timer(PLAY_EVERY_S, active=False), play, tree)
 
             with gr.Tab("Race"):
-                gr.Markdown("One prompt through **EAGLE-2, Gumiho and AR**, one after the other (never at the same "
-                            "time, so the timings stay honest). EAGLE-2 and Gumiho get the same verification "
-                            "budget: the same total tokens and top-k. The recorded races below were timed on a shared "
-                            "2-core CPU, so their timings move with whatever else ran; race your own prompt to see "
-                            "this machine now.")
+                gr.Markdown("One prompt through the methods you pick, then **AR**, one after the other (never at "
+                            "the same time, so the timings stay honest). Every drafter gets the same verification "
+                            "budget: the same total tokens (a static tree, EAGLE's or Medusa's and Hydra's, at most "
+                            "its own size) and, where its tree has one, the same top-k. The recorded races below "
+                            "were timed on a shared 2-core CPU, so their timings move with whatever else ran; race "
+                            "your own prompt to see this machine now.")
                 with gr.Row():
                     with gr.Column(scale=3):
                         race_prompt = gr.Textbox(label="Race prompt", lines=2,
                                                  value=first.prompt if first else PROMPTS[0])
                         gr.Examples([[p] for p in PROMPTS], inputs=[race_prompt], label="Example prompts")
                     with gr.Column(scale=2):
+                        race_methods = gr.CheckboxGroup(RACE_CHOICES, value=list(RACE_DEFAULT),
+                                                        label="Methods (AR always runs, last)")
                         race_temperature = _slider("temperature", 0, "Temperature", limits, 0.05)
                         race_max_new = _slider("max_new_tokens", min(64, limits.max_new_tokens), "Max new tokens",
                                                limits)
@@ -123,9 +131,9 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                                              "total tokens verified per cycle (both drafters)", limits)
                         race_fta = gr.Checkbox(value=False, label="Gumiho: Full Tree Attention")
                 with gr.Row():
-                    race_btn = gr.Button("Race: EAGLE-2 → Gumiho → AR", variant="primary")
+                    race_btn = gr.Button("Race", variant="primary")
                     race_stop = gr.Button("Stop", variant="stop")
-                    race_upload = gr.UploadButton("Replay traces (JSON, up to 3)", file_types=[".json"],
+                    race_upload = gr.UploadButton("Replay traces (JSON, one per method)", file_types=[".json"],
                                                   file_count="multiple")
                 race_pick = gr.Dropdown([(e.prompt, e.name) for e in examples], label="Recorded races",
                                         value=first.name if first else None)
@@ -154,7 +162,7 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
 
         handlers = Handlers(loader, Sessions(), examples, limits, explore, racing, status, status_timer)
         _wire(handlers, demo, method, [prompt, method, temperature, max_new, top_p, seed, *tree.values()],
-              [race_prompt, race_temperature, race_max_new, race_top_k, race_total, race_fta],
+              [race_prompt, race_methods, race_temperature, race_max_new, race_top_k, race_total, race_fta],
               generate_btn, stop_btn, upload, race_btn, race_stop, race_upload)
         _check_ranges(handlers, explore.message, {"temperature": temperature, "max_new_tokens": max_new,
                                                   "top_p": top_p, **{n: b for n, b in tree.items() if n != "fta"}})
@@ -254,13 +262,17 @@ def _lesson(examples: list[Example]) -> None:
                          trigger_mode="always_last", show_progress="hidden")
         elif showcase is None:
             gr.Markdown("*(The example traces in assets/traces/ are missing: run `python -m app.record_examples`.)*")
-        elif figure in ("gumiho-tree", "eagle-tree"):
-            method = "gumiho" if figure == "gumiho-tree" else "eagle2"
-            trace = next((t for t in showcase.traces if t.method == method), None)
+        elif figure.startswith("tree-"):
+            method = figure.removeprefix("tree-")
+            example = next((e for e in [showcase, *examples] if any(t.method == method for t in e.traces)), None)
+            trace = example.trace(method) if example else None
             cycle = showcase_cycle(trace) if trace else None
-            if cycle is not None:
+            if cycle is None:
+                gr.Markdown(f"*(No recorded {method_name(method)} example yet: run `python -m app.record_examples` "
+                            f"with its drafter loaded.)*")
+            else:
                 gr.Plot(figures.tree_figure(cycle, f"{method_name(method)}, cycle {cycle.index} of the example "
-                                                   f"“{showcase.prompt}”"), show_label=False)
+                                                   f"“{example.prompt}”"), show_label=False)
         elif figure == "timing":
             gr.Plot(figures.race_timing_figure(list(showcase.traces)), show_label=False)
 

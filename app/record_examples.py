@@ -1,6 +1,6 @@
 """Re-record the example runs shipped in assets/traces/ with the current engine and drafters:
 
-    python -m app.record_examples            # every example (a race of EAGLE-2, Gumiho and AR per prompt)
+    python -m app.record_examples            # every example (a race of every loaded method and AR per prompt)
     python -m app.record_examples --max-new-tokens 32
 """
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(TRACES, ignore_errors=True)
     for recording in RECORDINGS:
         settings = RunSettings(max_new_tokens=args.max_new_tokens, fta=recording.fta)
-        configs = {m: s.config(m, engine.default_tree(m)) for m, s in race_settings(settings).items()}
+        configs = {m: s.config(m, engine.default_tree(m)) for m, s in race_settings(settings, engine.drafters).items()}
         traces = list(race(engine, recording.prompt, configs, Control()))[-1]
         folder = TRACES / recording.name
         folder.mkdir(parents=True)

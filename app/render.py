@@ -95,9 +95,11 @@ def trace_summary(trace: GenerationTrace) -> str:
     rate = len(token_ids(trace)) / seconds if seconds else 0.0
     finish = f" · finished: {md(trace.finish_reason)}" if trace.finish_reason else " · running…"
     drafter = f" · drafter {md_code(Path(trace.drafter).name)}" if trace.drafter else ""
+    approximate = f"\n\n⚠ **Approximate output**: {md(trace.settings.approximate)}." \
+        if trace.method == "mjsd" and trace.settings.approximate else ""
     return (f"**{method_name(trace.method)}** · {len(token_ids(trace))} tokens in {trace.cycles} cycles · "
             f"τ {_tau(trace):.2f} · {rate:.1f} tokens/s · T={temperature}"
-            f"{' · tree: ' + shape if shape else ''}{fta}{drafter}{finish}")
+            f"{' · tree: ' + shape if shape else ''}{fta}{drafter}{finish}{approximate}")
 
 
 def _tau(trace: GenerationTrace) -> float:
@@ -116,7 +118,20 @@ def cycle_markdown(cycle: CycleTrace) -> str:
     return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{plural} in one target forward · "
             f"accepted draft tokens: {got} · bonus: {md_code(bonus)} · "
             f"emitted {len(cycle.emitted)} · draft {cycle.draft_ms:.0f} ms, verify {cycle.verify_ms:.0f} ms, "
-            f"other {cycle.other_ms:.0f} ms.{fta}")
+            f"other {cycle.other_ms:.0f} ms.{fta}{joint_markdown(cycle)}")
+
+
+def joint_markdown(cycle: CycleTrace) -> str:
+    """MJSD's check of each draft prefix as a table (empty for other methods): the target's joint probability P_i,
+    the beam's Q_i, min(1, P_i / Q_i) and whether it reached τ_acc. The longest passing prefix was accepted."""
+    if not cycle.joint:
+        return ""
+    accepted = max((c.length for c in cycle.joint if c.passed), default=0)
+    rows = [f"| {c.length} | {c.p:.3g} | {c.q:.3g} | {c.ratio:.3f} | "
+            f"{'✓ passes' if c.passed else '✗'}{' ← accepted' if c.length == accepted else ''} |" for c in cycle.joint]
+    return ("\n\nMJSD's joint check (a prefix passes when min(1, P/Q) ≥ τ_acc; the longest passing one is "
+            "accepted):\n\n| prefix i | P_i (target) | Q_i (beam) | min(1, P/Q) | |\n|---|---|---|---|---|\n"
+            + "\n".join(rows))
 
 
 def paths_table(cycle: CycleTrace) -> pd.DataFrame:
@@ -166,7 +181,7 @@ def is_reference(trace: GenerationTrace) -> bool:
 def race_headline(traces: list[GenerationTrace]) -> str:
     """A one-line verdict of the race."""
     if not traces:
-        return "Run a race to compare the three methods on one prompt."
+        return "Run a race to compare the methods on one prompt."
     parts = []
     for _, row in race_table(traces).iterrows():
         speedup = f", {row['speed-up vs AR']} AR" if row["speed-up vs AR"] != "–" else ""
@@ -176,10 +191,14 @@ def race_headline(traces: list[GenerationTrace]) -> str:
 
 def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
     half = trace.settings.dtype in ("bfloat16", "float16")
+    if diverges is None and trace.method == "mjsd":
+        return "identical to AR here, though MJSD is approximate by design"
     if diverges is None:
         return f"equal to AR up to {'bf16' if trace.settings.dtype == 'bfloat16' else 'fp16'} rounding" if half \
             else "identical to AR"
-    if trace.settings.sampling.get("temperature", 0) > 0:
+    if trace.method == "mjsd":
+        why = "MJSD accepts prefixes by joint likelihood, not token by token (approximate by design)"
+    elif trace.settings.sampling.get("temperature", 0) > 0:
         why = "sampling at T > 0 draws different tokens"
     elif any(c.fta_used for c in trace.steps):
         why = "FTA accepted borrowed tokens"

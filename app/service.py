@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from gumiho.errors import GumihoError
 from gumiho.sampling import SamplingConfig
-from gumiho.trace import GenerationTrace
+from gumiho.trace import METHODS, GenerationTrace
+from gumiho.static_tree import STATIC_METHODS, capped_total
 from gumiho.tree import TreeSettings
 
 from .style import method_name
@@ -31,10 +32,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RACE_ORDER = ("eagle2", "gumiho", "ar")
+RACE_DEFAULT = ("eagle2", "gumiho")  # the methods a race starts with selected; AR always runs, last
 TRACE_FILES = Path(tempfile.gettempdir()) / "gumiho-app-traces"
 KEEP_TRACES_S = 3600
 T = TypeVar("T")
+# The tree fields each method's tree takes from the page (the rest keep the method's automatic value).
+TREE_FIELDS_USED = {"gumiho": ("top_k", "depth", "total_tokens", "mlptopk", "pruning", "fta"),
+                    "eagle2": ("top_k", "depth", "total_tokens"),
+                    **{m: ("depth", "total_tokens") for m in ("eagle1", "medusa", "hydra")},
+                    "mjsd": ("top_k", "depth", "tau_acc")}  # beams, chain length, threshold
 ENGINE_LOCK = threading.Lock()  # held by the thread of the run using the engine
 
 
@@ -52,29 +58,46 @@ class RunSettings:
     mlptopk: int | None = None
     pruning: int | None = None
     fta: bool | None = None
+    tau_acc: float | None = None
+
+    def tree_overrides(self, method: str) -> dict:
+        """The tree fields `method` uses (TREE_FIELDS_USED), from this visitor's choices."""
+        return {name: getattr(self, name) for name in TREE_FIELDS_USED.get(method, ())}
 
     def config(self, method: str, base: TreeSettings | None) -> GenerationConfig:
         """The engine's config for `method` (values already checked by `validate`), its tree fields applied to
         `base` (the engine's automatic tree for the method); raises GumihoError with a message for the visitor
-        when the tree's fields do not fit together."""
+        when the tree's fields do not fit together. A static tree verifies at most its own size (EAGLE-1's 25
+        nodes + the root), whatever total was asked for."""
         from gumiho.engine import GenerationConfig
 
         sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p)
         tree = None
         if method != "ar":
-            chosen = {"top_k": self.top_k, "depth": self.depth, "total_tokens": self.total_tokens}
-            if method == "gumiho":  # the MLP beam and Full Tree Attention belong to Gumiho's tree
-                chosen.update(mlptopk=self.mlptopk, pruning=self.pruning, fta=self.fta)
+            chosen = self.tree_overrides(method)
+            if method in STATIC_METHODS and chosen["total_tokens"] is not None:  # a static tree has a fixed size
+                depth = chosen["depth"] or (base or TreeSettings.default(method)).depth
+                chosen["total_tokens"] = capped_total(method, depth, chosen["total_tokens"])
+            if method == "mjsd" and chosen["depth"] is not None:  # MJSD verifies its whole chain
+                chosen["total_tokens"] = chosen["depth"] + 1
             tree = TreeSettings.resolve(method, overrides=chosen, base=base)
         return GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=sampling, seed=self.seed, trace=True,
                                 tree=tree)
 
 
-def race_settings(settings: RunSettings) -> dict[str, RunSettings]:
-    """Matched budgets: EAGLE-2 and Gumiho verify the same number of tokens with the same top-k; depths stay
-    each method's own (EAGLE-2 expands serially, Gumiho drafts 2 serial + 5 parallel tokens)."""
+def race_order(methods: Iterable[str]) -> list[str]:
+    """The race's running order: the chosen drafted methods in the papers' order, then AR."""
+    chosen = set(methods)
+    return [m for m in METHODS if m != "ar" and m in chosen] + ["ar"]
+
+
+def race_settings(settings: RunSettings, methods: Iterable[str] = RACE_DEFAULT) -> dict[str, RunSettings]:
+    """Matched budgets: every drafter verifies the same number of tokens, with the same top-k where its tree has
+    one; depths stay each method's own (EAGLE-2 expands serially, Gumiho drafts 2 serial + 5 parallel tokens, a
+    static tree has its own shape). MJSD keeps its own beams and chain (it verifies one chain, not a tree)."""
     shared = replace(settings, depth=None, mlptopk=None, pruning=None)
-    return {method: shared for method in RACE_ORDER}
+    own = replace(shared, top_k=None, total_tokens=None)  # MJSD: its beams and chain, not a tree budget
+    return {method: own if method == "mjsd" else shared for method in race_order(methods)}
 
 
 
@@ -88,14 +111,14 @@ def load_default_engine(report: Callable[[str], None], model: str | None = None,
     """The model (default: SmolLM2-135M-Instruct) with its drafters (default: the shipped ones, random ones if
     none ship) on the machine profile's automatic settings, warmed up once per method."""
     report("importing transformers")
-    from gumiho.engine import METHODS as ENGINE_METHODS, GenerationConfig
+    from gumiho.engine import GenerationConfig
     from gumiho.loader import build_engine
 
     report(f"loading {model or 'SmolLM2-135M-Instruct'} and the drafters")
     engine = build_engine(model, drafters, device=device, dtype=dtype,
                           on_progress=lambda done: report(f"measuring this machine once, {done:.0%}"))
     report("warming up")
-    for method in ENGINE_METHODS:  # the first forwards in a process are slower: keep them out of the visitors' timings
+    for method in ("ar", *engine.drafters):  # the first forwards in a process are slower: keep them out of the visitors' timings
         engine.generate("Hello", method, GenerationConfig(max_new_tokens=4, trace=False))
     return engine
 
@@ -271,18 +294,18 @@ def stream(engine: Engine, prompt: str, method: str, config: GenerationConfig, c
 
 def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig], control: Control,
          limits: Limits = Limits(), reference: TransformersReference | None = None) -> Iterator[list[GenerationTrace]]:
-    """EAGLE-2, Gumiho and AR one after the other (never concurrently, so timings stay honest); each run has the
-    time budget. Then, when all three finished, plain transformers `generate` on the same prompt ids and settings in
-    the engine's dtype (the honest baseline), with the same budget (its `max_time`)."""
+    """The methods of `configs` (in its order; AR last) one after the other, never concurrently, so timings stay
+    honest; each run has the time budget. Then, when all finished, plain transformers `generate` on the same
+    prompt ids and settings in the engine's dtype (the honest baseline), with the same budget (its `max_time`)."""
     done: list[GenerationTrace] = []
-    for method in RACE_ORDER:
+    for method in configs:
         if control.stopped:
             break
         trace = None
         for trace in stream(engine, prompt, method, configs[method], control, limits):
             yield done + [trace]
         done.append(trace)
-    if reference is not None and len(done) == len(RACE_ORDER) and not control.stopped:
+    if reference is not None and len(done) == len(configs) and not control.stopped:
         config = configs["ar"]
         dtype = str(engine.target.dtype).removeprefix("torch.")
         yield done + [reference.generate(dtype, prompt, engine.target.encode_prompt(prompt), config.max_new_tokens,

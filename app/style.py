@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-METHOD_NAMES = {"eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA", "ar": "AR",
+from gumiho.trace import METHOD_NAMES as ENGINE_NAMES
+
+METHOD_NAMES = {**ENGINE_NAMES, "gumiho+fta": "Gumiho + FTA", "mjsd": "MJSD (approximate)",
                 "transformers-fp32": "transformers generate (fp32)", "transformers-bf16": "transformers generate (bf16)",
                 "transformers-fp16": "transformers generate (fp16)"}
-METHOD_COLORS = {"eagle2": "#2a9d8f", "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "ar": "#6c757d"}
+METHOD_COLORS = {"medusa": "#7c3aed", "hydra": "#0d9488", "eagle1": "#65a30d", "eagle2": "#2a9d8f",
+                 "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "mjsd": "#b45309", "ar": "#6c757d"}
 
 # Gumiho: the serial Transformer in blues, the parallel MLP heads in warm colours. EAGLE-2: greens by depth.
 SOURCE_COLORS = {
@@ -18,7 +21,15 @@ SOURCE_COLORS = {
     "mlp-6": "#9333ea",
     "mlp-7": "#a16207",
 }
-EAGLE_GREENS = ["#14532d", "#15803d", "#22c55e", "#4ade80", "#86efac", "#bbf7d0", "#dcfce7", "#f0fdf4"]
+# The other drafters: one hue per method, darkest at depth 1 ("eagle-3", "medusa-2", ...).
+DEPTH_PALETTES = {
+    "eagle": ["#14532d", "#15803d", "#22c55e", "#4ade80", "#86efac", "#bbf7d0", "#dcfce7", "#f0fdf4"],
+    "medusa": ["#4c1d95", "#6d28d9", "#8b5cf6", "#a78bfa", "#c4b5fd", "#ddd6fe"],
+    "hydra": ["#134e4a", "#0f766e", "#14b8a6", "#5eead4", "#99f6e4", "#ccfbf1"],
+    "mjsd": ["#78350f", "#b45309", "#d97706", "#fbbf24", "#fde68a", "#fef3c7"],
+}
+SOURCE_KINDS = {"serial": "Transformer", "mlp": "MLP head", "eagle": "EAGLE draft step", "medusa": "Medusa head",
+                "hydra": "Hydra head", "mjsd": "MJSD beam step"}
 OTHER_SOURCE = "#9ca3af"
 BONUS_COLOR = "#eab308"
 ACCEPTED_COLOR = "#16a34a"
@@ -30,32 +41,34 @@ def method_name(method: str) -> str:
     return METHOD_NAMES.get(method, method)
 
 
+def _family(source: str) -> tuple[str, int]:
+    """("eagle", 3) for "eagle-3"; (source, 0) for a name without a depth."""
+    family, _, depth = source.rpartition("-")
+    return (family, int(depth)) if family and depth.isdigit() else (source, 0)
+
+
 def source_color(source: str) -> str:
-    """The colour of the head that drafted a node ("root", "serial-1", "mlp-5", "eagle-3", ...)."""
+    """The colour of the head that drafted a node ("root", "serial-1", "mlp-5", "eagle-3", "medusa-2", ...)."""
     if source in SOURCE_COLORS:
         return SOURCE_COLORS[source]
-    if source.startswith("eagle-") and source[6:].isdigit():
-        depth = int(source[6:])
-        return EAGLE_GREENS[min(max(depth, 1), len(EAGLE_GREENS)) - 1]
-    return OTHER_SOURCE
+    family, depth = _family(source)
+    palette = DEPTH_PALETTES.get(family)
+    if palette is None or depth < 1:
+        return OTHER_SOURCE
+    return palette[min(depth, len(palette)) - 1]
 
 
 def source_name(source: str) -> str:
     """A legend label: which part of which drafter produced the node."""
-    if source.startswith("serial-"):
-        return f"{source} (Transformer)"
-    if source.startswith("mlp-"):
-        return f"{source} (MLP head)"
-    if source.startswith("eagle-"):
-        return f"{source} (EAGLE-2 step)"
-    return source
+    kind = SOURCE_KINDS.get(_family(source)[0])
+    return f"{source} ({kind})" if kind else source
 
 
 def source_order(source: str) -> tuple[int, int]:
-    """Sort key: root, then serial, MLP and EAGLE heads by depth."""
-    family = {"root": 0, "serial": 1, "mlp": 2, "eagle": 3}.get(source.split("-")[0], 4)
-    tail = source.rsplit("-", 1)[-1]
-    return family, int(tail) if tail.isdigit() else 0
+    """Sort key: root, then serial, MLP, EAGLE, Medusa, Hydra and MJSD heads by depth."""
+    family, depth = _family(source)
+    return (0 if source == "root" else 1 + list(SOURCE_KINDS).index(family) if family in SOURCE_KINDS
+            else len(SOURCE_KINDS) + 1), depth
 
 
 def token_label(text: str, width: int = 10) -> str:

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gumiho.errors import GumihoError
-from gumiho.trace import GenerationTrace, TraceError
+from gumiho.trace import DRAFTED_METHODS, METHODS, GenerationTrace, TraceError
 
 SEED_MAX = 2**63 - 1
 MAX_JSON_DEPTH = 16  # a trace nests about 5 levels (trace > steps > cycle > nodes > node)
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 CHARS_PER_TOKEN = 16  # a prompt longer than this many characters per allowed token is refused before tokenizing
-METHODS = ("gumiho", "eagle2", "ar")
 
 
 class InvalidInput(GumihoError):
@@ -56,6 +55,7 @@ FIELDS = {
     "total_tokens": Range("total tokens", 2, 64),
     "mlptopk": Range("mlptopk", 1, 40),
     "pruning": Range("pruning", 1, 40),
+    "tau_acc": Range("τ_acc", 0, 1, integer=False),
 }
 
 
@@ -113,6 +113,18 @@ def method(value: Any) -> str:
     if text("method", value) not in METHODS:
         raise InvalidInput(f"method must be one of {', '.join(METHODS)}, got {excerpt(value)}")
     return value
+
+
+def race_methods(value: Any) -> list[str]:
+    """The drafted methods a race compares (AR always runs too): at least one, each a drafted method."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, str) for m in value):
+        raise WrongType(f"methods must be a list of method names, got {excerpt(value)}")
+    unknown = [m for m in value if m not in DRAFTED_METHODS]
+    if unknown:
+        raise InvalidInput(f"methods must be among {', '.join(DRAFTED_METHODS)}, got {excerpt(unknown[0])}")
+    if not value:
+        raise InvalidInput("pick at least one method to race against AR")
+    return list(dict.fromkeys(value))
 
 
 def prompt(value: Any, limits: Limits) -> str:

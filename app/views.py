@@ -62,7 +62,7 @@ class ExploreView:
 
 @dataclass
 class RaceView:
-    """Everything the Race tab shows for up to three traces."""
+    """Everything the Race tab shows for a race's traces."""
 
     headline: str
     table: pd.DataFrame

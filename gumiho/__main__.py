@@ -12,17 +12,21 @@ from dataclasses import replace
 from .cli import OneLineParser, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
 from .errors import GumihoError
 from .prompts import read_prompts
-from .trace import METHODS
+from .trace import DRAFTED_METHODS, METHODS
 
+CALIBRATED = tuple(m for m in DRAFTED_METHODS if m != "mjsd")  # MJSD verifies its whole chain: no tree size to choose
 
 def generate_main(args: argparse.Namespace) -> int:
     from .engine import GenerationConfig
     from .loader import build_engine
+    from .mjsd import describe, mjsd_sampling
     from .sampling import SamplingConfig
     from .tree import TreeSettings
 
     if args.method not in METHODS:
         raise GumihoError(f"unknown method {args.method!r}; choose one of {', '.join(METHODS)}")
+    if args.method != "mjsd" and (args.gamma or args.beams or args.tau_acc is not None):
+        raise GumihoError("--gamma, --beams and --tau-acc are MJSD options (--method mjsd)")
     if args.prompt is None and args.prompts is None:
         raise GumihoError("give --prompt TEXT or --prompts FILE.jsonl")
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
@@ -40,6 +44,8 @@ def generate_main(args: argparse.Namespace) -> int:
                                     base=engine.default_tree(args.method))
     if engine.choice:
         print(f"[auto] {engine.choice.summary(args.method)}", file=sys.stderr)
+    if args.method == "mjsd":
+        print(f"[mjsd] {describe(tree, mjsd_sampling(sampling))}", file=sys.stderr)
     config = replace(base, tree=tree)
     for prompt in prompts:
         trace = engine.generate(prompt, args.method, config)
@@ -65,9 +71,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
 
     from .drafters import weights_kind
 
-    drafted = [m for m in METHODS if m != "ar"]
-    if args.method not in drafted:
-        raise GumihoError(f"calibrate needs a drafter method ({', '.join(drafted)}), got {args.method!r}")
+    if args.method not in CALIBRATED:
+        raise GumihoError(f"calibrate needs a drafter method ({', '.join(CALIBRATED)}), got {args.method!r}")
     folder = args.drafter or shipped_drafter(args.model, args.method)
     out = Path(args.out or folder or "")
     if not args.out and (folder is None or not Path(folder).is_dir()):
@@ -106,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_arguments(gen)
     cal = commands.add_parser("calibrate", help="measure a drafter's acceptance statistics (acceptance.json) for "
                               "the automatic trees")
-    cal.add_argument("--method", default="gumiho", help=" | ".join(m for m in METHODS if m != "ar"))
+    cal.add_argument("--method", default="gumiho", help=" | ".join(CALIBRATED))
     cal.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
     cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
     cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")

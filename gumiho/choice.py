@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from .acceptance import Acceptance
 from .errors import GumihoError
 from .profile import SHORT, SIZES, ExecPath, MachineProfile, PathCost, widest_tree
+from .trace import METHOD_NAMES
 from .tree import TreeSettings
 
 KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hundred generated tokens
@@ -47,7 +48,7 @@ class Choice:
         m = self.methods.get(method)
         if m is None or m.tree is None:
             return f"{head}, AR: expected {m.tokens_per_s:.0f} tokens/s" if m else head
-        tree = f"{NAMES.get(method, method)} tree {m.tree.total_tokens} tokens, top_k {m.tree.top_k}"
+        tree = f"{METHOD_NAMES.get(method, method)} tree {m.tree.total_tokens} tokens, top_k {m.tree.top_k}"
         return f"{head}, {tree}: expected {m.speedup:.2f}x over AR" + (f" ({m.note})" if m.note else "")
 
     def to_dict(self) -> dict:
@@ -57,7 +58,6 @@ class Choice:
                                 "speedup": round(c.speedup, 3), "note": c.note} for m, c in self.methods.items()}}
 
 
-NAMES = {"ar": "AR", "eagle2": "EAGLE-2", "gumiho": "Gumiho"}
 
 
 def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Acceptance | None,
@@ -110,5 +110,5 @@ def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: d
     plans.sort(key=lambda p: -p[1][lead].tokens_per_s)
     cost, chosen = plans[0]
     others = "; ".join(f"{c.path.label} {p[lead].tokens_per_s:.1f}" for c, p in plans)
-    reason = f"expected {NAMES.get(lead, lead)} tokens/s per path: {others}"
+    reason = f"expected {METHOD_NAMES.get(lead, lead)} tokens/s per path: {others}"
     return Choice(path=cost.path, methods=chosen, reason=reason, units=units)

@@ -36,6 +36,16 @@ def positive(text: str) -> int:
     return value
 
 
+def unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError("must be in [0, 1]")
+    return value
+
+
 def total_tokens(text: str) -> int | str:
     if text == "auto":
         return text
@@ -77,15 +87,21 @@ def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Gumiho: feed each MLP row its true serial parent (off = official code's quirk)")
     tree.add_argument("--serial-tree-mask", action=argparse.BooleanOptionalAction, default=True,
                       help="Gumiho: ancestor mask in the serial step (off = official code's causal mask)")
+    tree.add_argument("--gamma", type=positive, help="MJSD: draft length (default 4)")
+    tree.add_argument("--beams", type=positive, help="MJSD: beams (default 8)")
+    tree.add_argument("--tau-acc", type=unit_interval, help="MJSD: accept the longest draft prefix with "
+                      "min(1, P/Q) >= this threshold (default 0.9; approximate decoding)")
 
 
 def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The options of `add_tree_arguments` as `TreeSettings.resolve` overrides (None: the default; so is 'auto')."""
+    """The options of `add_tree_arguments` as `TreeSettings.resolve` overrides (None: the default; so is 'auto').
+    MJSD's --gamma and --beams are its depth and top_k; it verifies all it drafts (total_tokens = gamma + 1)."""
     return {
-        "top_k": args.tree_top_k, "depth": args.depth,
-        "total_tokens": None if args.total_tokens == "auto" else args.total_tokens,
+        "top_k": args.beams or args.tree_top_k, "depth": args.gamma or args.depth,
+        "total_tokens": args.gamma + 1 if args.gamma else None if args.total_tokens == "auto" else args.total_tokens,
         "mlptopk": args.mlptopk, "pruning": args.pruning, "fta": args.fta,
         "mlp_parent_align": args.mlp_parent_align, "serial_tree_mask": args.serial_tree_mask,
+        "tau_acc": args.tau_acc,
     }
 
 

@@ -19,15 +19,18 @@ import torch
 
 from .choice import Choice
 from .drafters import Drafter
+from .drafters.mjsd import BeamDraft, BeamSearch
 from .errors import GumihoError
 from .kv import keep_accepted
+from .mjsd import describe, mjsd_sampling, verify_joint
 from .packed import pack_linears
 from .sampling import SamplingConfig, pick
 from .target import Target
-from .trace import METHODS, CycleTrace, GenerationTrace, RunSettings, TraceNode, TracePath
+from .trace import METHODS, CycleTrace, GenerationTrace, JointCheck, RunSettings, TraceNode, TracePath
 from .tree import DraftPool, DraftTree, TreeSettings, build_tree
-from .verify import verify
+from .verify import Acceptance, verify
 
+FTA_NOTE = "FTA: borrowed tokens are checked against logits computed in their own branch"
 
 
 @dataclass
@@ -129,6 +132,9 @@ class Run:
         self.drafter = engine.drafters.get(method)
         self._stop = False
         target = engine.target
+        # MJSD samples with the paper's filters (mjsd.py); the trace records the sampling actually used.
+        self.sampling = mjsd_sampling(config.sampling) if method == "mjsd" else config.sampling
+        fta_applied = bool(tree and tree.fta and config.sampling.greedy)
         self.trace = GenerationTrace(
             method=method,
             model=target.name,
@@ -136,9 +142,9 @@ class Run:
             prompt=prompt,
             prompt_tokens=len(prompt_ids),
             settings=RunSettings(
-                sampling=config.sampling.to_dict(),
+                sampling=self.sampling.to_dict(),
                 tree=tree.to_dict() if tree else None,
-                fta_applied=bool(tree and tree.fta and config.sampling.greedy),
+                fta_applied=fta_applied,
                 max_new_tokens=config.max_new_tokens,
                 chat=config.chat,
                 seed=config.seed,
@@ -147,6 +153,7 @@ class Run:
                 dtype=str(target.dtype).removeprefix("torch."),
                 forward=target.forward,
                 choice=engine.choice.summary(method) + "; " + engine.choice.reason if engine.choice else "",
+                approximate=describe(tree, self.sampling) if method == "mjsd" else FTA_NOTE if fta_applied else "",
             ),
         )
 
@@ -162,13 +169,20 @@ class Run:
                 return emitted[: i + 1], "length"
         return emitted, ""
 
-    def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor, room: int) -> DraftTree:
+    def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor, room: int) -> tuple[DraftTree, DraftPool]:
         device = self.engine.target.device
         if self.drafter is None:
-            return build_tree(root, DraftPool(), 1, device)
+            return build_tree(root, DraftPool(), 1, device), DraftPool()
         pool = self.drafter.propose(features, tokens, self.tree)
         tree = build_tree(root, pool, min(self.tree.total_tokens, room), device)
-        return tree.with_fta() if self.trace.settings.fta_applied else tree
+        return (tree.with_fta() if self.trace.settings.fta_applied else tree), pool
+
+    def _accept(self, tree: DraftTree, logits: torch.Tensor, pool: DraftPool,
+                generator: torch.Generator) -> tuple[Acceptance, list[JointCheck]]:
+        """The target's verdict on the tree; MJSD's joint test also returns its check of each draft prefix."""
+        if isinstance(pool, BeamDraft):
+            return verify_joint(tree, logits, pool.log_q, self.sampling, self.tree.tau_acc, generator)
+        return verify(tree, logits, self.sampling, generator), []
 
     @torch.inference_mode()
     def __iter__(self) -> Iterator[CycleTrace]:
@@ -180,13 +194,15 @@ class Run:
         cache = target.new_cache()
         prompt = torch.tensor(self.prompt_ids, device=device)
         features = target.features(prompt, cache)
-        root = pick(target.logits(features[-1]), config.sampling, generator)
+        root = pick(target.logits(features[-1]), self.sampling, generator)
         output, (_, reason) = [root], self._cut([root], 0)
         trace.first_token = root
         # The drafter's pairs: the feature at each position with the token that follows it.
         new_features, new_tokens = features, torch.cat([prompt[1:], prompt.new_tensor([root])])
         if self.drafter is not None:
             self.drafter.reset()
+        if self.method == "mjsd":
+            self.drafter.search = BeamSearch(self.sampling, frozenset(target.eos_ids), generator)
         sync_device(device)
         trace.prefill_ms = (time.perf_counter() - start) * 1e3
 
@@ -200,7 +216,7 @@ class Run:
                 reason = "context"
                 break
             t0 = time.perf_counter()
-            tree = self._draft(root, new_features, new_tokens, room)
+            tree, pool = self._draft(root, new_features, new_tokens, room)
             sync_device(device)
             t1 = time.perf_counter()
 
@@ -209,7 +225,7 @@ class Run:
                 prefix = torch.ones(tree.size, prefix_len, dtype=torch.bool, device=device)
                 mask = torch.cat([prefix, tree.mask], 1)[None, None]
             features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
-            acceptance = verify(tree, target.logits(features), config.sampling, generator)
+            acceptance, joint = self._accept(tree, target.logits(features), pool, generator)
             sync_device(device)
             t2 = time.perf_counter()
 
@@ -233,6 +249,7 @@ class Run:
                 tree_size=tree.size,
                 tree_depth=max(tree.depths),
                 fta_used=bool(tree.filled[acceptance.path_row, : len(acceptance.nodes)].any()),
+                joint=joint,
             )
             # Recording the tree below is the trace's cost, not decoding's: other_ms stops before it, so traced and
             # untraced runs time their cycles alike (the wall time still includes it).

@@ -8,17 +8,18 @@ from pathlib import Path
 from typing import Callable
 
 from .choice import choose
-from .drafters import Drafter, new_drafter, weights_kind
+from .drafters import DRAFTERS, Drafter, new_drafter, weights_kind
 from .drafters.checkpoint import load_drafter
 from .engine import Engine
 from .errors import GumihoError
 from .profile import ExecPath, bf16_units, load_or_measure, target_for
+from .trace import DRAFTED_METHODS
 from .target import DEFAULT_MODEL, Target, load_target, parse_dtype, pick_device
 
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SHIPPED = {DEFAULT_MODEL: {m: ASSETS / "drafters" / f"smollm2-135m-{m}" for m in ("eagle2", "gumiho")}}
+SHIPPED = {DEFAULT_MODEL: {m: ASSETS / "drafters" / f"smollm2-135m-{m}" for m in DRAFTERS}}
 
 
 def shipped_drafter(model: str | None, method: str) -> Path | None:
@@ -29,9 +30,14 @@ def shipped_drafter(model: str | None, method: str) -> Path | None:
 def load_drafters(target: Target, model: str | None, drafters: dict[str, str | None] | None,
                   seed: int = 0) -> dict[str, tuple[Drafter, str]]:
     """method -> (drafter, name). `drafters` maps a method to a folder or Hub id (ours or an official checkpoint),
-    or None for the shipped one (random weights when none ships)."""
+    or None for the shipped one (random weights when none ships). The default: EAGLE-2 and Gumiho, and every
+    other method whose weights ship for the model."""
     out = {}
-    for method, folder in ({"eagle2": None, "gumiho": None} if drafters is None else drafters).items():
+    if drafters is None:
+        drafters = {m: None for m in DRAFTED_METHODS if m in ("eagle2", "gumiho") or shipped_drafter(model, m)}
+    for method, folder in drafters.items():
+        if method not in DRAFTED_METHODS:
+            raise GumihoError(f"{method} is not a drafted method; choose from {', '.join(DRAFTED_METHODS)}")
         path = folder or shipped_drafter(model, method)
         if path is not None:  # our folder format or an official checkpoint, local or a Hub id
             out[method] = load_drafter(str(path), method, target.embed_weight, target.model.config), str(path)

@@ -284,8 +284,9 @@ class DraftTimer:
 
 
 def method_top_ks(method: str, top_ks: tuple[int, ...] = TOP_KS) -> tuple[int, ...]:
-    """The top_ks profiled and calibrated for `method`: a static tree has one shape, its own."""
-    return (TreeSettings.default(method).top_k,) if method in STATIC_METHODS else top_ks
+    """The top_ks profiled and calibrated for `method`: a static tree has one shape, its own, and so has MJSD's
+    chain (its beams are not chosen automatically)."""
+    return (TreeSettings.default(method).top_k,) if method in (*STATIC_METHODS, "mjsd") else top_ks
 
 
 def widest_tree(method: str, top_k: int) -> TreeSettings:

@@ -41,12 +41,16 @@ def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if cfg.top_p < 1:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens ranked above it already reach top_p; the top token always stays.
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= cfg.top_p
+        drop_sorted = ~nucleus(sorted_logits.softmax(-1), cfg.top_p)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
+
+
+def nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p over probabilities sorted in descending order: keep a token unless the tokens ranked above it already
+    reach top_p (so the top token always stays)."""
+    return (sorted_probs.cumsum(-1) - sorted_probs) < top_p
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:

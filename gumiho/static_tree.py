@@ -83,3 +83,9 @@ def layout(method: str, depth: int, nodes: int) -> StaticLayout:
     lineage = tuple(tuple(index[p[:d]] for d in range(1, len(p) + 1)) for p in paths)
     return StaticLayout(paths, parent, by_depth, max((max(p) for p in paths), default=-1) + 1, expanded, parent_row,
                         lineage)
+
+
+def capped_total(method: str, depth: int, total_tokens: int) -> int:
+    """A shared verification budget as `method`'s static tree can take it: at most its paths no deeper than
+    `depth`, plus the root (a race or a bench that gives every method the same budget)."""
+    return min(total_tokens, len(choices_for(method, depth)) + 1)

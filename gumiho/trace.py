@@ -1,16 +1,19 @@
 """What the engine records: one `CycleTrace` per target forward and a `GenerationTrace` per prompt.
 
 Schema (version 2), JSON-serialisable through `to_dict` / `from_dict` (version 1 files still load: their
-settings lack dtype, forward and choice, which read as float32, transformers and "")
+settings lack dtype, forward and choice, which read as float32, transformers and ""; the optional fields
+settings.approximate and a cycle's joint came later within version 2 and read as "" and [] when absent)
 
 GenerationTrace
   schema            int, 2
-  method            "ar" | "medusa" | "hydra" | "eagle1" | "eagle2" | "gumiho"
+  method            one of METHODS ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd")
   model, drafter    names / paths ("" for AR)
   prompt            the user text; prompt_tokens: its length in tokens after the chat template
   settings          RunSettings: sampling {temperature, top_p, top_k}, tree (TreeSettings or null), fta_applied,
                     max_new_tokens, chat, seed, device, threads, dtype, forward ("lean" | "transformers"),
-                    choice (the automatic choice and its reason; "" when every setting was given explicitly)
+                    choice (the automatic choice and its reason; "" when every setting was given explicitly),
+                    approximate (why the output is not exactly the target's, greedy or in distribution: FTA, or
+                    MJSD's joint acceptance; "" for an exact run)
   text, token_ids   the generated text and ids (prompt excluded; an end token, when produced, is the last id)
   new_tokens        len(token_ids)
   first_token       the token the prefill forward produced (the root of cycle 0); prefill_ms its time
@@ -24,7 +27,8 @@ CycleTrace
   index             0-based cycle number
   nodes             list[TraceNode]: id (0 = root), token_id, text, parent (-1 for the root), depth,
                     score (cumulative draft log-prob), source ("root", "serial-1", "serial-2", "mlp-3".."mlp-7",
-                    "eagle-<depth>", "medusa-<depth>", "hydra-<depth>"); the AR loop's tree is its root alone
+                    "eagle-<depth>", "medusa-<depth>", "hydra-<depth>", "mjsd-<depth>"); the AR loop's tree is its
+                    root alone (MJSD's is a chain)
   paths             list[TracePath]: nodes (ids root to leaf, FTA-filled included), filled (one flag per
                     position: borrowed by FTA), accepted (draft tokens of this path the target accepted)
   accepted_nodes    node ids of the accepted path, root first
@@ -32,6 +36,9 @@ CycleTrace
   bonus_token, bonus_text   the target's own next token after the accepted path (the next cycle's root)
   emitted           token ids this cycle added to the output (accepted + bonus, cut at EOS / max_new_tokens)
   fta_used          whether the accepted path went through an FTA-borrowed position
+  joint             MJSD only: list[JointCheck], one per draft prefix i = 1..n: length i, p (P_i, the target's
+                    joint probability of the prefix), q (Q_i, its beam probability), ratio min(1, P_i / Q_i) and
+                    passed (ratio >= settings.tree.tau_acc); the accepted length is the largest passing i
   tree_size, tree_depth   nodes verified (root included) and the deepest node's depth (0 for the AR loop)
   draft_ms, verify_ms, other_ms   wall time drafting, in the target forward + acceptance, and the rest of
                                   the cycle (KV compaction, bookkeeping; recording the trace itself excluded)
@@ -44,7 +51,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
-METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho")  # the papers' order after AR
+METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd")  # the papers' order after AR; MJSD (approximate) last
+DRAFTED_METHODS = tuple(m for m in METHODS if m != "ar")
+METHOD_NAMES = {"ar": "AR", "medusa": "Medusa", "hydra": "Hydra", "eagle1": "EAGLE", "eagle2": "EAGLE-2",
+                "gumiho": "Gumiho", "mjsd": "MJSD"}
 READABLE_SCHEMAS = (1, 2)
 
 
@@ -71,6 +81,17 @@ class TracePath:
 
 
 @dataclass
+class JointCheck:
+    """MJSD's test of one draft prefix (docs/design.md §16)."""
+
+    length: int
+    p: float
+    q: float
+    ratio: float
+    passed: bool
+
+
+@dataclass
 class CycleTrace:
     index: int
     accepted_nodes: list[int]
@@ -86,6 +107,7 @@ class CycleTrace:
     bonus_text: str = ""
     nodes: list[TraceNode] = field(default_factory=list)
     paths: list[TracePath] = field(default_factory=list)
+    joint: list[JointCheck] = field(default_factory=list)
 
     @property
     def accept_length(self) -> int:
@@ -111,6 +133,7 @@ class RunSettings:
     dtype: str = "float32"
     forward: str = "transformers"
     choice: str = ""
+    approximate: str = ""
 
 
 @dataclass
@@ -193,7 +216,8 @@ def _cycle_from_dict(data: dict) -> CycleTrace:
         raise TypeError("each step must be an object")
     nodes = [TraceNode(**n) for n in data.get("nodes", [])]
     paths = [TracePath(**p) for p in data.get("paths", [])]
-    return _build(CycleTrace, data, nodes=nodes, paths=paths)
+    joint = [JointCheck(**j) for j in data.get("joint", [])]
+    return _build(CycleTrace, data, nodes=nodes, paths=paths, joint=joint)
 
 
 def _check(trace: GenerationTrace) -> None:
@@ -215,3 +239,8 @@ def _check(trace: GenerationTrace) -> None:
                 raise TraceError(f"cycle {step.index}: a path is empty or names nodes that are not in the tree")
         if step.nodes and any(i not in ids for i in step.accepted_nodes):
             raise TraceError(f"cycle {step.index}: the accepted path names nodes that are not in the tree")
+        for i, check in enumerate(step.joint, start=1):
+            numbers = (check.p, check.q, check.ratio)
+            if check.length != i or not isinstance(check.passed, bool) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+                raise TraceError(f"cycle {step.index}: joint check {i} is out of order or has a field of the wrong type")

@@ -177,6 +177,9 @@ class TreeSettings:
     deeper than `depth`; its top_k is the widest rank of the full list, for the record.
 
     mlp_parent_align / serial_tree_mask fix two quirks of the official Gumiho code (docs/design.md §10); False reproduces it.
+
+    MJSD (docs/design.md §16) drafts one chain of γ = `depth` tokens with B = `top_k` beams and verifies all of it
+    (total_tokens = depth + 1); `tau_acc`, its acceptance threshold, is set for MJSD only.
     """
 
     top_k: int
@@ -187,9 +190,12 @@ class TreeSettings:
     fta: bool = False
     mlp_parent_align: bool = True
     serial_tree_mask: bool = True
+    tau_acc: float | None = None
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
+        if method == "mjsd":  # the paper's runs, on every device
+            return cls(top_k=8, depth=4, total_tokens=5, tau_acc=0.9)
         if method in CHOICES:  # the official static tree: all of it on a GPU, its first 11 nodes on a CPU
             paths = choices_for(method)
             depth = max(len(p) for p in paths)
@@ -224,6 +230,8 @@ class TreeSettings:
         """Candidates the drafter adds to the pool: the most a tree of this shape can verify besides the root."""
         if method in CHOICES:
             return len(choices_for(method, self.depth))
+        if method == "mjsd":  # the top beam's chain
+            return self.depth
         if method != "gumiho":
             return self.top_k + self.depth * self.top_k**2
         size, branches = 2 * self.top_k, self.top_k  # serial-1, serial-2; then a beam per MLP head
@@ -241,6 +249,13 @@ class TreeSettings:
             raise GumihoError("gumiho needs depth >= 2, mlptopk >= 1 and pruning >= 1")
         if self.fta and method != "gumiho":
             raise GumihoError("FTA (full tree attention) is a Gumiho option; switch it off for " + method)
+        if method == "mjsd":
+            if self.tau_acc is None or not 0 <= self.tau_acc <= 1:
+                raise GumihoError(f"tau-acc must be in [0, 1], got {self.tau_acc}")
+            if self.total_tokens != self.depth + 1:
+                raise GumihoError(f"mjsd verifies its whole draft: total-tokens must be gamma + 1 = {self.depth + 1}")
+        elif self.tau_acc is not None:
+            raise GumihoError("tau-acc is an MJSD option; leave it unset for " + method)
         if self.pool_size(method) < self.total_tokens - 1:
             raise GumihoError(
                 f"total-tokens {self.total_tokens} exceeds the {self.pool_size(method)} candidates this tree drafts"

@@ -16,15 +16,15 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from gumiho.trace import GenerationTrace
+from gumiho.trace import METHODS, GenerationTrace
 
 from .app_server import ARTIFACTS, served_app
 
 pytestmark = pytest.mark.slow
 
-# prompt, method, temperature, max_new_tokens, top_p, seed, top_k, depth, total_tokens, mlptopk, pruning, fta
-GENERATE = ("Name a colour.", "gumiho", 0, 12, 1, 0, 4, 6, 24, 6, 6, False)
-MESSAGE, OUTPUT, TREE, DOWNLOAD = 0, 3, 6, -1
+# prompt, method, temperature, max_new_tokens, top_p, seed, top_k, depth, total_tokens, mlptopk, pruning, fta, tau_acc
+GENERATE = ("Name a colour.", "gumiho", 0, 12, 1, 0, 4, 6, 24, 6, 6, False, 0.9)
+MESSAGE, SUMMARY, OUTPUT, CYCLE_INFO, TREE, DOWNLOAD = 0, 1, 3, 5, 6, -1
 BUDGET_S = 30  # short, yet room for the other tests' few tokens on a busy 2-core machine
 QUEUE = 3
 NEW_TOKENS_LIMIT = 4096
@@ -68,8 +68,8 @@ def test_generate_returns_a_trace(client):
     assert any(t.get("name") == "bonus (target's token)" for t in figure["data"])
 
 
-def test_race_returns_three_runs_in_order_then_plain_transformers_generate(client):
-    result = client.predict("Name a colour.", 0, 10, 4, 16, False, api_name="/race")
+def test_race_returns_the_runs_in_order_then_plain_transformers_generate(client):
+    result = client.predict("Name a colour.", ["gumiho", "eagle2"], 0, 10, 4, 16, False, api_name="/race")
     assert result[MESSAGE] == "Done.", result[MESSAGE]
     traces = [load(path) for path in result[-1]]
     assert [t.method for t in traces] == ["eagle2", "gumiho", "ar"]
@@ -101,7 +101,7 @@ def test_bad_prompt_returns_the_message(client, prompt, expected):
     (3, 0, f"max new tokens must be between 1 and {NEW_TOKENS_LIMIT}, got 0"),
     (3, -5, f"max new tokens must be between 1 and {NEW_TOKENS_LIMIT}, got -5"),
     (2, 2.5, "temperature must be between 0 and 2, got 2.5"),
-    (1, "<script>alert(1)</script>", "method must be one of gumiho, eagle2, ar, got '&lt;script&gt;"),
+    (1, "<script>alert(1)</script>", f"method must be one of {', '.join(METHODS)}, got '&lt;script&gt;"),
 ])
 def test_out_of_range_values_get_a_message_naming_the_field(client, index, value, expected):
     result = client.predict(*with_field(index, value), api_name="/generate")
@@ -120,7 +120,7 @@ def test_a_wrong_type_raises_the_reason_for_the_caller(client, index, value, exp
 
 
 def test_a_missing_argument_is_explained_in_one_log_line(server):
-    """A raw call (gradio_client fills in defaults) with two of the twelve values."""
+    """A raw call (gradio_client fills in defaults) with two of the thirteen values."""
     def post(path: str, body: dict) -> dict:
         request = urllib.request.Request(server + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -129,18 +129,38 @@ def test_a_missing_argument_is_explained_in_one_log_line(server):
     event = post("gradio_api/call/generate", {"data": ["hi", "gumiho"]})["event_id"]
     with urllib.request.urlopen(f"{server}gradio_api/call/generate/{event}", timeout=30) as response:
         stream = response.read().decode()
-    assert "event: error" in stream and "didn't receive enough input values (needed: 12, got: 2)" in stream
+    assert "event: error" in stream and "didn't receive enough input values (needed: 13, got: 2)" in stream
     log = (ARTIFACTS / "app-api.log").read_text()
     assert "refused a call to /generate: An event handler (generate) didn't receive enough" in log
     assert "Traceback" not in log
 
 
 def test_bad_settings_return_the_message_and_the_app_keeps_working(client):
-    too_big = GENERATE[:6] + (1, 6, 64, 1, 1, False)  # 64 tokens from a 7-node pool
+    too_big = GENERATE[:6] + (1, 6, 64, 1, 1, False, 0.9)  # 64 tokens from a 7-node pool
     result = client.predict(*too_big, api_name="/generate")
     assert "exceeds" in result[MESSAGE]
-    result = client.predict("Say hi.", "ar", 0, 4, 1, 0, 4, 6, 24, 6, 6, False, api_name="/generate")
+    result = client.predict("Say hi.", "ar", 0, 4, 1, 0, 4, 6, 24, 6, 6, False, 0.9, api_name="/generate")
     assert result[MESSAGE].startswith("Done") and load(result[DOWNLOAD]).method == "ar"
+
+
+@pytest.mark.parametrize("methods, expected", [
+    ([], "⚠ pick at least one method to race against AR"),
+    (["gumiho", "ar"], "⚠ methods must be among"),
+])
+def test_race_methods_are_checked(client, methods, expected):
+    """The methods a race compares are checked before anything runs."""
+    result = client.predict("Name a colour.", methods, 0, 10, 4, 16, False, api_name="/race")
+    assert result[MESSAGE].startswith(expected), result[MESSAGE]
+
+
+def test_mjsd_run_is_marked_approximate_and_shows_its_joint_checks(client):
+    result = client.predict("Name a colour.", "mjsd", 0, 12, 1, 0, 4, 3, 4, 6, 6, False, 0.5, api_name="/generate")
+    trace = load(result[DOWNLOAD])
+    assert trace.method == "mjsd" and trace.settings.tree["tau_acc"] == 0.5 and trace.settings.tree["depth"] == 3
+    assert trace.settings.tree["top_k"] == 4 and trace.settings.approximate
+    assert all(len(c.joint) == 3 for c in trace.steps if c.tree_size == 4)
+    assert "Approximate output" in result[SUMMARY]
+    assert "MJSD's joint check" in result[CYCLE_INFO]
 
 
 def test_replay_validates_uploads(client, tmp_path):

@@ -180,7 +180,7 @@ def test_a_stopped_race_does_not_compare_with_a_missing_ar_text(page):
     tab(page, "Race")
     page.get_by_label("Race prompt", exact=True).fill("Tell me a long story about a fox.")
     set_number(page, "Max new tokens", 300)
-    page.get_by_role("button", name="Race: EAGLE-2 → Gumiho → AR", exact=True).click()
+    page.get_by_role("button", name="Race", exact=True).click()
     page.get_by_text(re.compile(r"^Racing: EAGLE-2")).wait_for(timeout=LONG_MS)
     page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first.click()
     page.get_by_text("Stopped.", exact=True).wait_for(timeout=LONG_MS)
@@ -210,19 +210,20 @@ def test_a_prompt_over_the_limit_and_a_script_in_a_file_get_plain_messages(page,
     shot(page, "issue19-4-escaped-upload")
 
 
-def test_race_runs_the_three_methods(page):
+def test_race_runs_the_picked_methods(page):
     tab(page, "Race")
     page.get_by_label("Race prompt", exact=True).fill("Name three fruits.")
     set_number(page, "Max new tokens", 8)
-    page.get_by_role("button", name="Race: EAGLE-2 → Gumiho → AR", exact=True).click()
+    page.get_by_role("checkbox", name="EAGLE", exact=True).check()  # EAGLE-2 and Gumiho are picked already
+    page.get_by_role("button", name="Race", exact=True).click()
     page.get_by_text("Done.", exact=True).wait_for(timeout=LONG_MS)
     texts = page.locator(".gm-texts > div")
-    assert texts.count() == 3
-    assert texts.nth(0).locator("h4").inner_text() == "EAGLE-2"
+    assert texts.count() == 4
+    assert [texts.nth(i).locator("h4").inner_text() for i in range(4)] == ["EAGLE", "EAGLE-2", "Gumiho", "AR"]
     # fp32: identical; bf16 (the automatic choice on a CPU with bf16 units): equal up to rounding, or a near-tie
     # that rounded the other way, said as such
     assert re.search(r"identical to AR|equal to AR up to bf16 rounding|bfloat16 rounds a tree forward",
-                     texts.nth(1).inner_text())
+                     texts.nth(2).inner_text())
     assert page.locator(".js-plotly-plot").filter(has_text="Tokens over time").count() == 1
     shot(page, "5-race")
 

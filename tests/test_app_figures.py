@@ -15,7 +15,7 @@ from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
 from app.handlers import STOPPED_IN_QUEUE, ExploreParts, Handlers, RaceParts
-from app.service import RACE_ORDER, RunSettings, Sessions, race_settings, save_traces, follow
+from app.service import RunSettings, Sessions, race_order, race_settings, save_traces, follow
 from app.style import source_color, source_name, token_label
 from app.theory import Chain
 from app.validate import InvalidInput, Limits
@@ -314,11 +314,12 @@ def test_read_trace_explains_bad_files(tmp_path):
     assert read_trace(good).token_ids == gumiho_trace().token_ids
 
 
-def test_shipped_examples_are_valid_races_of_all_three_methods():
+def test_shipped_examples_are_valid_races_of_every_method():
     examples = load_examples()
     assert examples, "assets/traces/ holds no examples: run python -m app.record_examples"
     for example in examples:
-        assert [t.method for t in example.traces] == list(RACE_ORDER)
+        methods = [t.method for t in example.traces]
+        assert methods == race_order(methods) and {"eagle1", "eagle2", "gumiho"} <= set(methods)
         assert len({t.prompt for t in example.traces}) == 1
         assert all(t.steps and t.finish_reason in ("eos", "length") for t in example.traces)
         assert example.trace("ar").tau == 1.0
@@ -328,7 +329,8 @@ def test_shipped_examples_are_valid_races_of_all_three_methods():
 
 def test_lesson_has_its_figures_in_order():
     parts = lesson_parts()
-    assert [name for _, name in parts] == ["gumiho-tree", "eagle-tree", "calculator", "timing"]
+    assert [name for _, name in parts] == ["tree-gumiho", "tree-eagle2", "calculator", "timing", "tree-medusa",
+                                           "tree-hydra", "tree-eagle1", "tree-mjsd"]
     assert all(text for text, _ in parts)
     assert r"\sum_{k=1}^{K} \prod_{i \le k} p_i" in parts[2][0]
 
@@ -350,10 +352,15 @@ def test_run_settings_validate_into_engine_configs():
 
 def test_race_settings_match_the_verification_budget():
     configs = {m: s.config(m, TreeSettings.default(m, "cpu")) for m, s in race_settings(RunSettings(top_k=3, total_tokens=20)).items()}
-    assert list(configs) == list(RACE_ORDER)
+    assert list(configs) == ["eagle2", "gumiho", "ar"]
     assert configs["eagle2"].tree.total_tokens == configs["gumiho"].tree.total_tokens == 20
     assert configs["eagle2"].tree.top_k == configs["gumiho"].tree.top_k == 3
     assert configs["ar"].tree is None
+    # Any methods, in the papers' order; a static tree verifies at most its own size.
+    wide = race_settings(RunSettings(total_tokens=40), ["gumiho", "eagle1"])
+    assert list(wide) == ["eagle1", "gumiho", "ar"]
+    eagle1 = wide["eagle1"].config("eagle1", TreeSettings.default("eagle1", "cpu")).tree
+    assert eagle1.total_tokens == 26 and eagle1.depth == 5
 
 
 def test_follow_passes_on_the_newest_item_and_always_the_last():
@@ -429,7 +436,7 @@ def test_a_run_stopped_in_the_queue_never_starts():
     engine.run = lambda *a, **k: ran.append(a)  # the run must not even be created
     handlers.queue(request)
     assert handlers.stop(request).startswith("Stopping")
-    outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, request))
+    outputs = list(handlers.generate("hi", "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, 0.9, request))
     assert outputs[-1][handlers.explore.message] == STOPPED_IN_QUEUE and not ran
 
 
@@ -577,3 +584,21 @@ def test_after_stop_the_visitor_may_start_again():
     assert sessions.busy("a") and not sessions.busy("b")
     sessions.stop("a")
     assert not sessions.busy("a")
+
+
+def test_mjsd_cycle_lists_its_joint_checks_and_the_longest_passing_prefix():
+    from dataclasses import replace
+
+    from gumiho.trace import JointCheck
+
+    cycle = replace(gumiho_trace().steps[0], joint=[JointCheck(1, 0.5, 0.6, 0.833, False),
+                                                    JointCheck(2, 0.3, 0.2, 1.0, True),
+                                                    JointCheck(3, 0.01, 0.1, 0.1, False)])
+    text = render.cycle_markdown(cycle)
+    assert "MJSD's joint check" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 3 and "← accepted" in rows[1] and "✗" in rows[0] and "✓ passes" in rows[1]
+    assert render.joint_markdown(gumiho_trace().steps[0]) == ""
+    trace = replace(gumiho_trace(), method="mjsd")
+    trace.settings.approximate = "MJSD accepts by joint likelihood"
+    assert "Approximate output" in render.trace_summary(trace)

@@ -26,7 +26,7 @@ from gumiho.sampling import SamplingConfig
 from gumiho.trace import CycleTrace, GenerationTrace, RunSettings, TraceNode
 from gumiho.tree import TreeSettings
 
-from .conftest import tiny_engine
+from .conftest import random_drafter, tiny_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,24 +163,29 @@ def test_the_six_benchmark_sets_ship_with_the_repository():
 def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
     argv = ["--datasets", "mt_bench", "gsm8k", "--limit", "1", "--max-new-tokens", "8", "--out", str(tmp_path),
             "--name", "tiny", "--cost-repeats", "1", "--no-progress", "--total-tokens", "16",
-            "--methods", "ar", "eagle2", "gumiho", "gumiho+fta"]
+            "--methods", "ar", "eagle1", "eagle2", "gumiho", "gumiho+fta", "mjsd"]
     args = build_parser().parse_args(argv)
-    paths = execute(tiny_engine(), args, argv, bench_settings(args))
+    engine = tiny_engine()
+    engine.add_drafter("mjsd", random_drafter("mjsd", engine.target))
+    paths = execute(engine, args, argv, bench_settings(args))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["tiny.json", "tiny.summary.csv", "tiny.per_prompt.csv", "tiny.profile.csv", "tiny.md"])
     result = json.loads(paths["json"].read_text())
     assert result["schema"] == 1 and result["name"] == "tiny" and result["machine"]["threads"] >= 1
-    assert {v["name"] for v in result["variants"]} == {"ar", "eagle2", "gumiho", "gumiho+fta"}
-    assert all(v["tree"]["total_tokens"] == 16 for v in result["variants"] if v["tree"])
+    assert [v["name"] for v in result["variants"]] == ["ar", "eagle1", "eagle2", "gumiho", "gumiho+fta", "mjsd"]
+    assert all(v["tree"]["total_tokens"] == 16 for v in result["variants"] if v["tree"] and v["method"] != "mjsd")
     assert result["cost_curve"]["sizes"][:3] == [1, 2, 4] and len(result["cost_curve"]["ms"]) == 11
     per_prompt = pd.read_csv(paths["per_prompt"])
-    assert len(per_prompt) == 2 * 4 and set(per_prompt["dataset"]) == {"mt_bench", "gsm8k"}
+    assert len(per_prompt) == 2 * 6 and set(per_prompt["dataset"]) == {"mt_bench", "gsm8k"}
+    assert (per_prompt["perplexity"] >= 1).all()
+    exact_rows = per_prompt[per_prompt["method"].isin(["ar", "eagle1", "eagle2", "gumiho"])]
+    assert exact_rows.groupby(["dataset"])["perplexity"].nunique().max() == 1  # the same text, the same perplexity
     assert (per_prompt["new_tokens"] <= 8).all() and (per_prompt["tau"] >= 1).all()
     assert (per_prompt.loc[per_prompt["method"] == "ar", "speedup"] == 1.0).all()
-    exact = per_prompt[per_prompt["method"].isin(["eagle2", "gumiho"])]
+    exact = per_prompt[per_prompt["method"].isin(["eagle1", "eagle2", "gumiho"])]
     assert exact["same_as_ar"].all()  # greedy speculative decoding without FTA returns AR's tokens
     summary = pd.read_csv(paths["summary"])
-    assert set(summary["dataset"]) == {"mt_bench", "gsm8k", "mean"} and len(summary) == 3 * 4
+    assert set(summary["dataset"]) == {"mt_bench", "gsm8k", "mean"} and len(summary) == 3 * 6
     assert summary["tau"].notna().all() and summary["speedup"].notna().all()
     assert result["summary"] == json.loads(summary.to_json(orient="records"))
     profile = pd.read_csv(paths["profile"]).set_index("method")
@@ -189,6 +194,9 @@ def test_tiny_end_to_end_run_writes_well_formed_results(tmp_path):
     assert profile.at["gumiho", "draft_lm_head_rows"] == 1 + 4 + 5 * 4  # serial-1, serial-2 (k rows), 5 heads x k
     markdown = paths["markdown"].read_text()
     assert "## FTA trade-off (T = 0)" in markdown and "## Verification cost curve" in markdown
+    assert "MJSD (approximate) against AR: output perplexity under the target" in markdown
+    speed = markdown.split("## T = 0: speed-up over AR and τ")[1].split("###")[0]
+    assert "| EAGLE |" in speed and "MJSD" not in speed  # the lossy method is reported apart
     header = "| Method | MT-Bench speed-up | MT-Bench τ | GSM8K speed-up | GSM8K τ | Mean speed-up | Mean τ |"
     assert header in markdown
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from ..cli import OneLineParser, add_device_arguments, positive, quiet_libraries, run_reporting_errors, total_tokens
 from ..errors import GumihoError
 from .datasets import DATASETS, DEFAULT_DIR
-from .harness import DEFAULT_VARIANTS, VARIANTS, BenchSettings, make_variants
+from ..drafters import weights_kind
+from .harness import DEFAULT_VARIANTS, DRAFTED, VARIANTS, BenchSettings, make_variants
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
 QUICK = {"limit": 4, "max_new_tokens": 128}
@@ -45,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-top-k", type=positive, help="top_k for both drafters (default: the automatic choice)")
     p.add_argument("--quick", action="store_true", help="4 prompts per task, 128 new tokens (unless given)")
     p.add_argument("--model", help="target model (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--eagle2-drafter", help="EAGLE-2 drafter folder (default: the shipped one)")
+    p.add_argument("--eagle2-drafter", help="EAGLE-2 drafter folder (default: the shipped one; EAGLE-1 and MJSD "
+                   "draft with it too)")
     p.add_argument("--gumiho-drafter", help="Gumiho drafter folder (default: the shipped one)")
+    p.add_argument("--drafter", action="append", default=[], metavar="METHOD=FOLDER",
+                   help="drafter folder of any method, e.g. medusa=runs/medusa/drafter (repeatable)")
     add_device_arguments(p)
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: assets/bench)")
     p.add_argument("--name", help="results file stem (default: <device>[-quick])")
@@ -61,14 +65,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def drafter_folders(args: argparse.Namespace) -> dict[str, str | None]:
+    """method -> the drafter folder asked for (None: the shipped one). EAGLE-1 and MJSD draft with the EAGLE-2
+    drafter's weights, so --eagle2-drafter is theirs too unless --drafter names one."""
+    folders: dict[str, str | None] = {m: None for m in DRAFTED}
+    for m in DRAFTED:
+        if weights_kind(m) == "eagle2":
+            folders[m] = args.eagle2_drafter
+    folders["gumiho"] = args.gumiho_drafter
+    for item in args.drafter:
+        method, sep, folder = item.partition("=")
+        if not sep or method not in DRAFTED or not folder:
+            raise GumihoError(f"--drafter takes METHOD=FOLDER with METHOD one of {', '.join(DRAFTED)}, got {item!r}")
+        folders[method] = folder
+    return folders
+
+
 def choose_trees(engine, args) -> dict:
     """The tree per drafter method: the engine's automatic choice (per method), or --total-tokens / --tree-top-k for
-    both drafters alike."""
+    every drafter alike (a static tree takes at most its own size; MJSD keeps its own beams and chain)."""
+    from ..static_tree import STATIC_METHODS, capped_total
     from ..tree import TreeSettings
 
-    overrides = {"total_tokens": None if args.total_tokens == "auto" else args.total_tokens, "top_k": args.tree_top_k}
-    return {m: TreeSettings.resolve(m, engine.target.device.type, overrides, base=engine.default_tree(m))
-            for m in ("eagle2", "gumiho") if m in engine.drafters}
+    trees = {}
+    for m in engine.drafters:
+        base = engine.default_tree(m)
+        total = None if args.total_tokens == "auto" else args.total_tokens
+        if m in STATIC_METHODS and total is not None:
+            total = capped_total(m, base.depth, total)
+        overrides = {} if m == "mjsd" else {"total_tokens": total, "top_k": args.tree_top_k}
+        trees[m] = TreeSettings.resolve(m, engine.target.device.type, overrides, base=base)
+    return trees
 
 
 def bench_settings(args: argparse.Namespace) -> BenchSettings:
@@ -226,8 +253,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     settings = bench_settings(args)
     quiet_libraries()
-    drafter_methods = sorted({v.split("+")[0] for v in args.methods} & {"eagle2", "gumiho"})
-    folders = {"eagle2": args.eagle2_drafter, "gumiho": args.gumiho_drafter}
+    drafter_methods = [m for m in DRAFTED if m in {v.split("+")[0] for v in args.methods}]
+    folders = drafter_folders(args)
     engine = build_engine(args.model, {m: folders[m] for m in drafter_methods}, device=args.device,
                           threads=args.threads, dtype=args.dtype, lead="gumiho" if "gumiho" in drafter_methods
                           else "ar", progress=args.progress)

@@ -17,16 +17,18 @@ from tqdm import tqdm
 from ..engine import Engine, GenerationConfig
 from ..errors import GumihoError
 from ..sampling import SamplingConfig
-from ..trace import CycleTrace, GenerationTrace
+from ..trace import DRAFTED_METHODS, CycleTrace, GenerationTrace
 from ..tree import TreeSettings
 from .datasets import DEFAULT_DIR, Question, encode_conversation, load_questions
 from .journal import JobKey
+from ..perplexity import perplexity
 from .metrics import prompt_row
 from .reference import TransformersReference, reference_dtype, reference_name
 
 REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16")
-VARIANTS = ("transformers", "ar", "eagle2", "gumiho", "gumiho+fta", *REFERENCES[1:])
-DEFAULT_VARIANTS = ("transformers", "ar", "eagle2", "gumiho", "gumiho+fta")
+DRAFTED = DRAFTED_METHODS  # the papers' order; a lossy method (MJSD) last
+DEFAULT_VARIANTS = ("transformers", "ar", *(v for m in DRAFTED for v in ((m, "gumiho+fta") if m == "gumiho" else (m,))))
+VARIANTS = (*DEFAULT_VARIANTS, *REFERENCES[1:])
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,10 @@ class Variant:
 
 
 def make_variants(names: list[str], trees: dict[str, TreeSettings], dtype: str = "float32") -> list[Variant]:
-    """`trees` maps "eagle2" / "gumiho" to their tree; FTA is switched on for `gumiho+fta` only. "transformers" is
-    the reference in the engine's `dtype`."""
+    """`trees` maps each drafted method to its tree; FTA is switched on for `gumiho+fta` only. "transformers" is
+    the reference in the engine's `dtype`. Variants come in VARIANTS' order (the papers')."""
     variants = []
-    for name in names:
+    for name in sorted(names, key=lambda n: VARIANTS.index(n) if n in VARIANTS else -1):
         if name not in VARIANTS:
             raise GumihoError(f"unknown method {name!r}; choose from {', '.join(VARIANTS)}")
         if name == "transformers":
@@ -133,10 +135,12 @@ def run_conversation(engine: Engine, variants: list[Variant], question: Question
                                              reference)
             bar.update()
         reference = results["ar"][0] if "ar" in results and temperature == 0 else None
+        prompt_ids = ids or engine.target.encode_prompt(text)
         for variant in chosen:
             trace, cycles = results[variant.name]
             ref = reference if variant.name != "ar" else None
-            rows.append({**key, "turn": turn, "method": variant.name, **prompt_row(trace, cycles, ref)})
+            quality = perplexity(engine.target, prompt_ids, trace.token_ids) if trace.token_ids else None
+            rows.append({**key, "turn": turn, "method": variant.name, **prompt_row(trace, cycles, ref, quality)})
         # The next turn follows AR's answer (the first variant's without AR), the same for every method.
         history += [text, results.get("ar", results[chosen[0].name])[0].text]
     return rows

@@ -17,6 +17,8 @@ Definitions (printed by the CLI and written into the results):
   same_as_ar     at T = 0: the share of prompts whose token ids equal AR's exactly.
   agreement      at T = 0: the common prefix of the method's and AR's token ids over the longer of the two,
                  averaged over prompts (1.0 = identical).
+  perplexity     the output's perplexity under the target (T = 1, no filter; gumiho/perplexity.py), averaged over
+                 prompts: how likely the target finds what a method wrote. The measure of a lossy method (MJSD).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def prefix_agreement(ids: list[int], reference: list[int]) -> float:
     return same / longest
 
 
-def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: GenerationTrace | None) -> dict:
+def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: GenerationTrace | None,
+               perplexity: float | None = None) -> dict:
     """The per-prompt measurements of one generation; `reference` is AR's trace at T = 0 (else None)."""
     tree = trace.settings.tree or {}
     row = {
@@ -79,6 +82,7 @@ def prompt_row(trace: GenerationTrace, cycles: list[CycleTrace], reference: Gene
         "finish_reason": trace.finish_reason,
         "same_as_ar": None,
         "agreement": None,
+        "perplexity": perplexity,
     }
     if reference is not None:
         row["same_as_ar"] = trace.token_ids == reference.token_ids
@@ -115,6 +119,7 @@ def summarize(per_prompt: pd.DataFrame, depths: int = DEPTHS) -> pd.DataFrame:
         new_tokens=("new_tokens", "mean"),
         same_as_ar=("same_as_ar", lambda s: s.dropna().astype(float).mean()),
         agreement=("agreement", lambda s: s.dropna().astype(float).mean()),
+        perplexity=("perplexity", lambda s: s.dropna().astype(float).mean()),
         total_tokens=("total_tokens", "first"),
         top_k=("top_k", "first"),
     )

@@ -32,14 +32,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..trace import METHOD_NAMES
 from .metrics import DEPTHS
 
 TITLES = {"mt_bench": "MT-Bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca", "sum": "CNN/DM",
           "qa": "Natural Qs", "mean": "Mean"}
-NAMES = {"ar": "AR (baseline)", "eagle2": "EAGLE-2", "gumiho": "Gumiho", "gumiho+fta": "Gumiho + FTA",
+NAMES = {**METHOD_NAMES, "ar": "AR (baseline)", "gumiho+fta": "Gumiho + FTA", "mjsd": "MJSD (lossy)",
          "transformers-fp32": "transformers generate fp32", "transformers-bf16": "transformers generate bf16",
          "transformers-fp16": "transformers generate fp16"}
 SCHEMA_VERSION = 1
+LOSSY = ("mjsd",)  # reported apart from the exact methods: their speed buys a different output
 
 
 def _md(frame: pd.DataFrame) -> str:
@@ -53,7 +55,7 @@ def _md(frame: pd.DataFrame) -> str:
 def speed_table(summary: pd.DataFrame, temperature: float) -> str:
     """Rows: methods (AR excluded); columns: speed-up over AR and tau for each task, and the mean; then the mean
     tokens/s and the mean speed-up over plain `transformers` generate, where it was benchmarked."""
-    rows = summary[(summary["temperature"] == temperature) & (summary["method"] != "ar")]
+    rows = summary[(summary["temperature"] == temperature) & ~summary["method"].isin(("ar", *LOSSY))]
     datasets = list(dict.fromkeys(rows["dataset"]))
     table = []
     for method, group in rows.groupby("method", sort=False):
@@ -68,6 +70,19 @@ def speed_table(summary: pd.DataFrame, temperature: float) -> str:
             line["vs transformers"] = f"{by.at['mean', 'vs_transformers']:.2f}x"
         table.append(line)
     return _md(pd.DataFrame(table))
+
+
+def lossy_table(summary: pd.DataFrame, temperature: float) -> pd.DataFrame:
+    """The lossy methods (MJSD) beside AR, per task: output perplexity under the target, τ, tokens/s and speed-up,
+    and how much of AR's text they kept (T = 0)."""
+    rows = summary[(summary["temperature"] == temperature) & summary["method"].isin(("ar", *LOSSY))]
+    if not rows["method"].isin(LOSSY).any():
+        return pd.DataFrame()
+    table = rows.assign(method=rows["method"].map(lambda m: NAMES.get(m, m)),
+                        dataset=rows["dataset"].map(lambda d: TITLES.get(d, d)))
+    return table[["method", "dataset", "perplexity", "tau", "tokens_per_s", "speedup", "agreement"]].rename(
+        columns={"dataset": "task", "tau": "τ", "tokens_per_s": "tokens/s", "speedup": "speed-up vs AR",
+                 "agreement": "agreement with AR"}).reset_index(drop=True)
 
 
 def fta_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -102,8 +117,8 @@ def detail_tables(summary: pd.DataFrame, temperature: float) -> dict[str, pd.Dat
             drafted[[f"accept_{d}" for d in range(1, DEPTHS + 1)]].reset_index()),
         "chain accuracy chain_d (mean over tasks)": _fmt(
             drafted[[f"chain_{d}" for d in range(1, DEPTHS + 1)]].reset_index()),
-        "equality with AR (T = 0) and FTA use": _fmt(
-            drafted[["same_as_ar", "agreement", "fta_cycle_share"]].reset_index()),
+        "equality with AR (T = 0), FTA use and output perplexity": _fmt(
+            mean[["same_as_ar", "agreement", "fta_cycle_share", "perplexity"]].reset_index()),
     }
 
 
@@ -121,6 +136,10 @@ def markdown(result: dict, summary: pd.DataFrame, profile: pd.DataFrame) -> str:
     for temperature in sorted(summary["temperature"].unique()):
         parts += [f"## T = {temperature:g}: speed-up over AR and τ", speed_table(summary, temperature)]
         parts += [f"### {title}\n\n{_md(t)}" for title, t in detail_tables(summary, temperature).items()]
+        lossy = lossy_table(summary, temperature)
+        if not lossy.empty:
+            parts += [f"## T = {temperature:g}: MJSD (approximate) against AR: output perplexity under the target",
+                      _md(_fmt(lossy))]
     fta = fta_table(summary)
     if not fta.empty:
         parts += ["## FTA trade-off (T = 0)", _md(_fmt(fta))]

@@ -14,18 +14,20 @@ from .eagle2 import Eagle2Drafter
 from .gumiho import GumihoDrafter
 from .hydra import HydraDrafter
 from .medusa import MedusaDrafter
+from .mjsd import MjsdDrafter
 
 DRAFTERS: dict[str, type[Drafter]] = {"medusa": MedusaDrafter, "hydra": HydraDrafter, "eagle2": Eagle2Drafter,
                                       "gumiho": GumihoDrafter}
 # Methods that draft with another method's trained network: method -> (its drafter class, the weights' kind).
-BORROWED: dict[str, type[Drafter]] = {"eagle1": Eagle1Drafter}
+BORROWED: dict[str, type[Drafter]] = {"eagle1": Eagle1Drafter, "mjsd": MjsdDrafter}
 
 __all__ = ["BORROWED", "DRAFTERS", "Drafter", "DrafterConfig", "Eagle1Drafter", "Eagle2Drafter", "FeatureDrafter",
-           "GumihoDrafter", "HeadDrafter", "HydraDrafter", "MedusaDrafter", "for_method", "new_drafter", "weights_kind"]
+           "GumihoDrafter", "HeadDrafter", "HydraDrafter", "MedusaDrafter", "MjsdDrafter", "for_method", "new_drafter",
+           "weights_kind"]
 
 
 def weights_kind(method: str) -> str:
-    """The kind of drafter folder `method` loads (EAGLE-1 drafts with EAGLE-2's network)."""
+    """The kind of drafter folder `method` loads (EAGLE-1 and MJSD draft with EAGLE-2's network)."""
     return BORROWED[method].weights if method in BORROWED else method
 
 

@@ -77,9 +77,10 @@ class Drafter(nn.Module):
         """Draft logits over the draft vocabulary (the full vocabulary when there is none)."""
         return self._head(hidden)
 
-    def top_tokens(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k draft log-probs and their token ids (in the target's vocabulary) for each row of `hidden`."""
-        logp = torch.log_softmax(self.head_logits(hidden).float(), -1)
+    def top_tokens(self, hidden: torch.Tensor, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k draft log-probs (at `temperature`) and their token ids (in the target's vocabulary) for each row of
+        `hidden`."""
+        logp = torch.log_softmax(self.head_logits(hidden).float() / temperature, -1)
         values, idx = torch.topk(logp, k, dim=-1)
         if self.draft_vocab is not None:
             idx = self.draft_vocab[idx]
