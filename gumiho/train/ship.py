@@ -7,15 +7,14 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import Drafter
+from ..drafters import DRAFTERS, Drafter, HeadDrafter
 from ..errors import GumihoError
-
-NAMES = {"medusa": "Medusa", "hydra": "Hydra", "eagle2": "EAGLE-2", "gumiho": "Gumiho"}
+from ..trace import METHOD_NAMES
 
 
 def loss_line(c: dict, kind: str) -> str:
-    """The training objective of a run's config (docs/design.md §14.2)."""
-    if kind in ("medusa", "hydra"):
+    """The training objective of a run's config (docs/design.md §14.2; Medusa, Hydra: docs/training.md)."""
+    if issubclass(DRAFTERS[kind], HeadDrafter):
         objective = (f"Loss: head k weighted 0.8^k x (SmoothL1 features x {c['head_feature_weight']} + soft CE x "
                      f"{c['head_ce_weight']})")
     else:
@@ -31,7 +30,7 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
     c = summary["config"]
     final = summary.get("final", {})
     lines = [
-        f"# SmolLM2-135M-Instruct {NAMES[kind]} drafter",
+        f"# SmolLM2-135M-Instruct {METHOD_NAMES[kind]} drafter",
         "",
         f"Draft head for speculative decoding with `python -m gumiho generate --method {kind}`. Holds only the "
         "drafter's own weights (fp16); the embedding and lm_head are the target's and are shared at load time.",
@@ -57,7 +56,7 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         lines += ["", "## Evaluation"]
         if "chain_accuracy" in evaluation:
             acc = evaluation["chain_accuracy"]
-            fed = ("each head reading the target's feature" if kind in ("medusa", "hydra")
+            fed = ("each head reading the target's feature" if issubclass(DRAFTERS[kind], HeadDrafter)
                    else "each step fed the draft's own features")
             lines.append(f"- Held-out chain accuracy, depth 1..{len(acc)} (draft tokens = target's greedy tokens, "
                          f"{fed}): " + ", ".join(f"{a:.3f}" for a in acc))
