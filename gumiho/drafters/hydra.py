@@ -37,7 +37,7 @@ class HydraDrafter(HeadDrafter):
             tree_draft.add(d, *self.top_tokens(self.predict(rows, following, d - 1), plan.width(d)), f"hydra-{d}")
             if d == plan.depth:
                 break
-            fed = plan.expanded[d - 1]
-            rows = feature.expand(len(fed), -1)
-            following = torch.cat([root.expand(len(fed), 1), tree_draft.paths_to(fed)], 1)
+            fed = len(plan.expanded[d - 1])
+            rows = feature.expand(fed, -1)
+            following = torch.cat([root.expand(fed, 1), tree_draft.expanded_paths(d)], 1)
         return tree_draft.pool

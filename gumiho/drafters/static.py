@@ -38,10 +38,9 @@ class StaticDraft:
         self.pooled[nodes] = self.pool.add(self.tokens[nodes], torch.where(root, -1, self.pooled[above]),
                                            self.scores[nodes], source, depth, priority=-nodes.float())
 
-    def paths_to(self, nodes: tuple[int, ...]) -> torch.Tensor:
-        """The draft tokens from depth 1 down to each of `nodes` (all of one depth): [len(nodes), depth]."""
-        lineage = torch.tensor([self.plan.lineage[i] for i in nodes], device=self.device)
-        return self.tokens[lineage]
+    def expanded_paths(self, depth: int) -> torch.Tensor:
+        """The draft tokens from depth 1 down to each expanded node of depth `depth`: [len(expanded), depth]."""
+        return self.tokens[_lineage(self.plan, depth, self.device)]
 
 
 @lru_cache(maxsize=256)
@@ -52,3 +51,8 @@ def _level(plan: StaticLayout, depth: int, device: torch.device) -> tuple[torch.
     columns = (list(level), [plan.parent[i] for i in level], [plan.parent_row[i] for i in level],
                [plan.rank(i) for i in level])
     return tuple(torch.tensor(c, device=device) for c in columns)
+
+
+@lru_cache(maxsize=256)
+def _lineage(plan: StaticLayout, depth: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([plan.lineage[i] for i in plan.expanded[depth - 1]], device=device)
