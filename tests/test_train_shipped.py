@@ -16,7 +16,10 @@ from gumiho.target import DEFAULT_MODEL
 # SmolLM2-135M-Instruct (its config.json): the shape every drafter for it must have.
 DEFAULT_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
                  "vocab_size": 49152, "rope_theta": 100000.0}
-LAYERS = {"eagle2": 1, "gumiho": 2}
+LAYERS = {"medusa": 0, "hydra": 0, "eagle2": 1, "gumiho": 2}
+# tau floors on one prompt: a random drafter stays at ~1.0 (nothing accepted); the shipped Transformer drafters
+# average ~2 on MT-Bench, the shipped heads less (see their model cards)
+TAU_FLOOR = {"medusa": 1.2, "hydra": 1.2, "eagle2": 1.5, "gumiho": 1.5}
 
 
 def _folder(kind: str):
@@ -26,7 +29,7 @@ def _folder(kind: str):
     return folder
 
 
-@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("kind", list(LAYERS))
 def test_shipped_drafter_files_fit_the_default_target(kind):
     folder = _folder(kind)
     config = json.loads((folder / "config.json").read_text())
@@ -49,10 +52,10 @@ def test_shipped_drafter_files_fit_the_default_target(kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("kind", list(LAYERS))
 def test_shipped_drafter_speculates_on_the_default_target(smollm, kind):
     _folder(kind)
     assert smollm.drafter_names[kind].endswith(f"smollm2-135m-{kind}")
     trace = smollm.generate("Explain what a computer network is.", kind,
                             GenerationConfig(max_new_tokens=48, trace=False))
-    assert trace.tau > 1.5  # a random drafter stays at ~1.0 (nothing accepted); the shipped ones average ~2 on MT-Bench
+    assert trace.tau > TAU_FLOOR[kind]

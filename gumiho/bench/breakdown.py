@@ -9,7 +9,7 @@ of the cycles (see `summarize_cycles`).
   draft_fc            fusing token embeddings with features (fc 2H -> H)
   draft_lm_head       the draft's full-vocabulary head + log-softmax + top-k (`top_tokens`); draft_lm_head_rows
                       counts the rows it evaluated per cycle
-  draft_mlp_heads     Gumiho's parallel MLP heads
+  draft_mlp_heads     Gumiho's parallel MLP heads; Medusa's and Hydra's heads
   draft_rest          everything else in draft: beam bookkeeping, the pool, `build_tree`, FTA, Python
   verify_target       the target forward over the tree
   verify_lm_head      the target's lm_head over the tree's rows
@@ -35,9 +35,10 @@ def _components(engine: Engine, method: str) -> dict[str, tuple[object, str]]:
                                             "verify_lm_head": (engine.target, "logits")}
     drafter = engine.drafters.get(method)
     if drafter is not None:
-        parts.update(draft_transformer=(drafter.transformer, "forward"), draft_fc=(drafter.transformer, "fuse"),
-                     draft_lm_head=(drafter, "top_tokens"))
-        if hasattr(drafter, "heads"):
+        parts["draft_lm_head"] = (drafter, "top_tokens")
+        if hasattr(drafter, "transformer"):  # EAGLE and Gumiho; Medusa's and Hydra's heads read the target's feature
+            parts.update(draft_transformer=(drafter.transformer, "forward"), draft_fc=(drafter.transformer, "fuse"))
+        if hasattr(drafter, "heads"):  # Gumiho's MLP heads, Medusa's and Hydra's heads
             parts["draft_mlp_heads"] = (drafter.heads, "forward")
     return parts
 
