@@ -108,11 +108,14 @@ def race_settings(settings: RunSettings, methods: Iterable[str] = RACE_DEFAULT) 
 def load_default_engine(report: Callable[[str], None], model: str | None = None,
                         drafters: dict[str, str | None] | None = None, device: str | None = None,
                         dtype: str = "auto") -> Engine:
-    """The model (default: SmolLM2-135M-Instruct) with its drafters (default: the shipped ones, random ones if
-    none ship) on the machine profile's automatic settings, warmed up once per method."""
+    """The model (default: SmolLM2-135M-Instruct) with every method whose drafter ships or is given (`drafters`:
+    weights kind -> folder or None; EAGLE-1 and MJSD draft with the EAGLE-2 one) on the machine profile's
+    automatic settings, warmed up once per method."""
     report("importing transformers")
     from gumiho.engine import GenerationConfig
-    from gumiho.loader import build_engine
+    from gumiho.loader import build_engine, default_drafters
+
+    drafters = default_drafters(model, drafters)
 
     report(f"loading {model or 'SmolLM2-135M-Instruct'} and the drafters")
     engine = build_engine(model, drafters, device=device, dtype=dtype,

@@ -27,15 +27,22 @@ def shipped_drafter(model: str | None, method: str) -> Path | None:
     return path if path is not None and (path / "model.safetensors").is_file() else None
 
 
+def default_drafters(model: str | None, folders: dict[str, str | None] | None = None) -> dict[str, str | None]:
+    """Every method that has weights: EAGLE-2 and Gumiho always (random when none ship), the others when their
+    weights ship for the model or are given. `folders` maps a weights kind to a folder (EAGLE-1 and MJSD draft
+    with the EAGLE-2 folder)."""
+    folders = folders or {}
+    return {m: folders.get(weights_kind(m)) for m in DRAFTED_METHODS
+            if m in ("eagle2", "gumiho") or folders.get(weights_kind(m)) or shipped_drafter(model, m)}
+
+
 def load_drafters(target: Target, model: str | None, drafters: dict[str, str | None] | None,
                   seed: int = 0) -> dict[str, tuple[Drafter, str]]:
     """method -> (drafter, name). `drafters` maps a method to a folder or Hub id (ours or an official checkpoint),
     or None for the shipped one (random weights when none ships). The default: EAGLE-2 and Gumiho, and every
     other method whose weights ship for the model."""
     out = {}
-    if drafters is None:
-        drafters = {m: None for m in DRAFTED_METHODS if m in ("eagle2", "gumiho") or shipped_drafter(model, m)}
-    for method, folder in drafters.items():
+    for method, folder in (default_drafters(model) if drafters is None else drafters).items():
         if method not in DRAFTED_METHODS:
             raise GumihoError(f"{method} is not a drafted method; choose from {', '.join(DRAFTED_METHODS)}")
         path = folder or shipped_drafter(model, method)
