@@ -32,16 +32,7 @@ class Eagle1Drafter(Eagle2Drafter):
             inputs = out[[plan.parent_row[i] for i in fed]]
             fused = self.transformer.fuse(self.embed(tree_draft.tokens[list(fed)]), inputs)
             slots += fed
-            own = torch.tensor([[self._is_ancestor(s, i, plan.parent) for s in slots] for i in fed],
-                               dtype=torch.bool, device=dev)
+            own = torch.tensor([[s in plan.lineage[i] for s in slots] for i in fed], dtype=torch.bool, device=dev)
             out = self.expand(fused, stable + d - 1, stable, own)
         return tree_draft.pool
 
-    @staticmethod
-    def _is_ancestor(node: int, of: int, parent: tuple[int, ...]) -> bool:
-        """Whether `node` is `of` or one of its ancestors."""
-        while of >= 0:
-            if of == node:
-                return True
-            of = parent[of]
-        return False
