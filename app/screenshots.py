@@ -1,13 +1,17 @@
-"""Screenshots of each tab for the README, taken with Playwright and Debian's Chromium from a running app:
+"""Screenshots of each tab for the README, and of each method's draft tree in the lesson, taken with Playwright and
+Debian's Chromium from a running app:
 
     python app.py --port 7860 &
-    python -m app.screenshots --url http://127.0.0.1:7860/      # writes assets/screenshots/<tab>.png
+    python -m app.screenshots --url http://127.0.0.1:7860/
+    # writes assets/screenshots/<tab>.png and assets/screenshots/tree-<method>.png
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from gumiho.trace import DRAFTED_METHODS, METHOD_NAMES
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
 TABS = {"Explore": "explore", "Race": "race", "Benchmarks": "benchmarks", "How it works": "how-it-works"}
@@ -36,6 +40,17 @@ def main(argv: list[str] | None = None) -> int:
             height = min(args.height, page.evaluate("document.documentElement.scrollHeight"))
             path = args.out / f"{name}.png"
             page.screenshot(path=str(path), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": height})
+            print(path)
+        # The lesson is the open tab now: each method's tree is a plot titled "<name>, cycle N of the example ...".
+        for method in DRAFTED_METHODS:
+            plot = page.locator(".js-plotly-plot").filter(has_text=f"{METHOD_NAMES[method]}, cycle").first
+            if not plot.count():
+                print(f"no {METHOD_NAMES[method]} tree in the lesson (no recorded example)")
+                continue
+            plot.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            path = args.out / f"tree-{method}.png"
+            plot.screenshot(path=str(path))
             print(path)
         browser.close()
     return 0

@@ -25,16 +25,17 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
 class StaticCache:
-    """Keys and values of every layer in two pre-allocated tensors [layers, kv_heads, capacity, head_dim].
+    """Keys and values of every layer in two pre-allocated tensors [layers, batch, kv_heads, capacity, head_dim].
 
-    `length` tokens are valid. A forward writes its new tokens at [length, length + n) and advances `length`;
-    `keep(prefix, nodes)` compacts a verified tree to its accepted path in place (one gather for all layers).
-    The capacity doubles when needed.
+    `length` slots are filled, the same number in every row (a batch of prompts is left-padded to one length, its
+    pads masked). A forward writes its new tokens at [length, length + n) and advances `length`; `keep(prefix,
+    nodes)` compacts a verified tree to its accepted path in place (one gather for all layers); `keep_rows` drops
+    finished rows of a batch. The capacity doubles when needed.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 capacity: int = 512):
-        self.keys = torch.empty(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+                 capacity: int = 512, batch: int = 1):
+        self.keys = torch.empty(layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.values = torch.empty_like(self.keys)
         self.length = 0
 
@@ -43,7 +44,11 @@ class StaticCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.keys.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.keys.shape[1]
 
     def reserve(self, total: int) -> None:
         if total <= self.capacity:
@@ -51,8 +56,8 @@ class StaticCache:
         capacity = max(total, 2 * self.capacity)
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
-            new[:, :, : self.length] = old[:, :, : self.length]
+            new = old.new_empty(*old.shape[:3], capacity, old.shape[4])
+            new[..., : self.length, :] = old[..., : self.length, :]
             setattr(self, name, new)
 
     def keep(self, prefix_len: int, nodes: torch.Tensor) -> None:
@@ -60,9 +65,14 @@ class StaticCache:
         n = nodes.numel()
         if not bool((nodes == torch.arange(n, device=nodes.device)).all()):
             slots = nodes.to(self.keys.device) + prefix_len
-            self.keys[:, :, prefix_len : prefix_len + n] = self.keys[:, :, slots]
-            self.values[:, :, prefix_len : prefix_len + n] = self.values[:, :, slots]
+            self.keys[..., prefix_len : prefix_len + n, :] = self.keys[..., slots, :]
+            self.values[..., prefix_len : prefix_len + n, :] = self.values[..., slots, :]
         self.length = prefix_len + n
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows`, in that order (a copy of the filled slots)."""
+        self.keys = self.keys[:, rows, :, : self.length].contiguous()
+        self.values = self.values[:, rows, :, : self.length].contiguous()
 
     def crop(self, count: int) -> None:
         """Drop the last `count` tokens (a negative count, as transformers' `DynamicCache.crop` takes, works too)."""
@@ -138,8 +148,8 @@ class LeanLlama:
             down=self._fused(mlp.down_proj),
         )
 
-    def new_cache(self, capacity: int = 512) -> StaticCache:
-        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity)
+    def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
+        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -160,31 +170,35 @@ class LeanLlama:
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """Post-norm last-layer features [n, hidden] for `tokens` [n] at `positions` [n]; their KV go to `cache`.
 
-        `mask` [n, past + n] bool (True = attend) for a tree; None means causal.
+        `mask` [n, past + n] bool (True = attend) for a tree; None means causal. A batch of sequences (one cache
+        row each) passes tokens and positions [batch, n], a mask [batch, n, past + n] or None, and gets
+        [batch, n, hidden].
         """
-        n = tokens.shape[0]
+        if tokens.dim() == 1:
+            return self.forward(tokens[None], positions[None], cache, None if mask is None else mask[None])[0]
+        b, n = tokens.shape
         past = cache.length
         cache.reserve(past + n)
         total = past + n
         h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         cos, sin = self._rope_tables(positions)
-        cos, sin = cos[:, None], sin[:, None]  # [n, 1, d]: one row per token, broadcast over heads
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [b, n, 1, d]: one row per token, broadcast over heads
         if mask is None and n > 1:
-            mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril(past)
+            mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
         # Query rows ordered (group member, token) under each KV head; the mask repeats per group member.
-        attn_mask = None if mask is None else mask.repeat(g, 1)[None, None]
+        attn_mask = None if mask is None else mask.repeat(1, g, 1)[:, None]
         x = F.embedding(tokens, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._rms(x, layer.input_norm)).view(n, h + 2 * kvh, d)
-            qk = qkv[:, : h + kvh]
+            qkv = layer.qkv(self._rms(x, layer.input_norm)).view(b, n, h + 2 * kvh, d)
+            qk = qkv[:, :, : h + kvh]
             half = d // 2
             qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
-            q = qk[:, :h].reshape(n, kvh, g, d).permute(1, 2, 0, 3).reshape(1, kvh, g * n, d)
-            cache.keys[i, :, past:total] = qk[:, h:].transpose(0, 1)
-            cache.values[i, :, past:total] = qkv[:, h + kvh :].transpose(0, 1)
-            out = F.scaled_dot_product_attention(q, cache.keys[None, i, :, :total], cache.values[None, i, :, :total],
+            q = qk[:, :, :h].reshape(b, n, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * n, d)
+            cache.keys[i, :, :, past:total] = qk[:, :, h:].transpose(1, 2)
+            cache.values[i, :, :, past:total] = qkv[:, :, h + kvh :].transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
                                                  attn_mask=attn_mask)
-            out = out.view(kvh, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
+            out = out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
             x = x + layer.o(out)
             gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, -1)
             x = x + layer.down(F.silu(gate) * up)

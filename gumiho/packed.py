@@ -7,24 +7,44 @@ uses what it chose. Results equal `F.linear` up to fp32 rounding.
 
 The packed copy is an inference-only cache next to the ordinary weight: forwards that autograd must track, other
 devices or dtypes, and a weight changed in place (an optimizer step) use `F.linear`, so state_dict, `.to()` and
-training are untouched. Set ``GUMIHO_PACKED=0`` to switch packing off.
+training are untouched; under autocast `F.linear` runs, so autocast picks the dtype. Set ``GUMIHO_PACKED=0`` to
+switch packing off.
 """
 
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-PACKED_DTYPES = (torch.float32, torch.bfloat16)  # bf16 only pays on CPUs with bf16 units: the profile measures it
 BATCH_HINT = 16  # oneDNN picks its blocking for this many rows; 16 was as fast as 1 for one row and best for 4-24
 
 
 def packing_enabled() -> bool:
     return (os.environ.get("GUMIHO_PACKED", "1") != "0" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def packs(dtype: torch.dtype) -> bool:
+    """Whether packed matmuls run for `dtype` weights here: fp32 everywhere oneDNN is; bf16 only where the processor
+    has the instructions oneDNN's bf16 path needs (AVX512-BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has not).
+    Whether bf16 *pays* is the machine profile's question."""
+    return packing_enabled() and _oneDNN_packs(dtype)
+
+
+@lru_cache(maxsize=None)
+def _oneDNN_packs(dtype: torch.dtype) -> bool:
+    """Tried once on a small matrix."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), BATCH_HINT)
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedMatrix:
@@ -42,8 +62,9 @@ class PackedMatrix:
     def _usable(self, x: torch.Tensor) -> bool:
         w = self.weight
         needs_grad = torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)
-        return (self.pack and not needs_grad and w.device.type == "cpu" and w.dtype in PACKED_DTYPES
-                and x.dtype == w.dtype and packing_enabled())
+        autocasting = torch.is_autocast_enabled(w.device.type)  # F.linear lets autocast pick the matmul's dtype
+        return (self.pack and not needs_grad and not autocasting and w.device.type == "cpu"
+                and x.dtype == w.dtype and packs(w.dtype))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self._usable(x):

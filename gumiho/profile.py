@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from .drafters import Drafter
-from .packed import pack_linears, packing_enabled
+from .packed import pack_linears, packing_enabled, packs
 from .static_tree import STATIC_METHODS
 from .target import Target, cache_root
 from .tree import TreeSettings, build_tree
@@ -129,7 +129,7 @@ def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPat
         paths.append(ExecPath("float32", forward, pack=True))
     if bf16_units(device):
         paths.append(ExecPath("bfloat16", forward))
-        if packing_enabled():
+        if packs(torch.bfloat16):
             paths.append(ExecPath("bfloat16", forward, pack=True))
     return paths
 

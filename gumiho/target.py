@@ -142,6 +142,11 @@ class Target:
         self._head = PackedMatrix(self.head_weight, pack=self.pack)
 
     @property
+    def lean(self) -> LeanLlama | None:
+        """The lean forward, or None where the transformers forward runs."""
+        return self._lean
+
+    @property
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 

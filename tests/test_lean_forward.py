@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.errors import GumihoError
 from gumiho.target import Target
+from gumiho.train.distill import greedy_replies
 
 from .conftest import tiny_tokenizer
 
@@ -92,6 +93,39 @@ def test_greedy_ar_equals_transformers_generate():
     out = ref.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, eos_token_id=None,
                              pad_token_id=0, min_new_tokens=40)
     assert trace.token_ids == out[0, len(ids):].tolist()
+
+
+PROMPTS = [[1, 4, 9], [2, 5, 7, 11, 13, 6, 20], [8], [5, 5, 6, 7, 10]]
+
+
+def test_a_left_padded_batch_gives_each_sequence_its_own_features():
+    lean, _ = twin_targets(seed=4)
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    valid = ids.new_tensor([[False] * (width - len(p)) + [True] * len(p) for p in PROMPTS], dtype=torch.bool)
+    positions = (torch.arange(width) - (~valid).sum(1, keepdim=True)).clamp(min=0)
+    mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None] | torch.eye(width, dtype=torch.bool)
+    with torch.inference_mode():
+        batched = lean.lean.forward(ids, positions, lean.lean.new_cache(batch=len(PROMPTS)), mask)
+        for row, prompt in enumerate(PROMPTS):
+            alone = lean.features(torch.tensor(prompt), lean.new_cache())
+            torch.testing.assert_close(batched[row, width - len(prompt):], alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("forward", ["lean", "transformers"])
+def test_batched_greedy_replies_equal_one_prompt_at_a_time(forward):
+    """Self-distillation's batches: every reply equals transformers' greedy generate on its prompt alone, cut after
+    the end-of-turn token; rows that end early leave the batch while the others go on."""
+    lean, ref = twin_targets(seed=5)
+    target = lean if forward == "lean" else ref
+    alone = lambda p, eos: ref.model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                              eos_token_id=eos)[0, len(p):].tolist()
+    free = [alone(p, None) for p in PROMPTS]
+    eos = free[0][4]  # prompt 0's fifth token ends its reply early
+    expected = [r[: r.index(eos) + 1] if eos in r else r for r in free]
+    assert len(expected[0]) < 12 and any(len(r) == 12 for r in expected)
+    target.eos_ids = {eos}
+    assert greedy_replies(target, PROMPTS, max_new_tokens=12, batch_size=4) == expected
 
 
 def test_unsupported_model_types_fall_back_to_transformers():

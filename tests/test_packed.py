@@ -68,6 +68,7 @@ def test_pack_linears_keeps_parameters_and_state_dict():
 
 
 def test_bf16_matches_linear_up_to_bf16_rounding():
+    """Packed where oneDNN's bf16 path runs; F.linear on a CPU without it (AVX2 only): the same result either way."""
     torch.manual_seed(0)
     weight, bias, x = (t.bfloat16() for t in (torch.randn(96, 48), torch.randn(96), torch.randn(3, 48)))
     with torch.inference_mode():

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..packed import PACKED_DTYPES, packing_enabled
+from ..packed import packs
 from ..profile import cpu_features, cpu_name
 
 
@@ -30,7 +30,7 @@ def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forwar
     """The machine and the execution path a run used (`pack`, `forward`: the target's)."""
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
-    packed = pack and device.type == "cpu" and dtype in PACKED_DTYPES and packing_enabled()
+    packed = pack and device.type == "cpu" and packs(dtype)
     features = cpu_features()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

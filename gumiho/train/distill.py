@@ -36,20 +36,69 @@ def length_batches(lengths: list[int], batch_size: int, max_new_tokens: int) -> 
 @torch.inference_mode()
 def greedy_replies(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> list[list[int]]:
     """The target's greedy reply to each prompt (cut after its first end-of-turn token), in the prompts' order."""
-    tokenizer, dev = target.tokenizer, target.device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_ids, default=0)
     replies: list[list[int]] = [[] for _ in prompts]
     for batch in length_batches([len(p) for p in prompts], batch_size, max_new_tokens):
-        width = max(len(prompts[i]) for i in batch)
-        input_ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch], device=dev)
-        attention = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in batch], device=dev)
-        out = target.model.generate(
-            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=False,
-            pad_token_id=pad, eos_token_id=sorted(target.eos_ids) or None,
-        )
-        for i, row in zip(batch, out[:, width:].tolist()):
-            replies[i] = _cut_reply(row, target.eos_ids)
+        generate = _lean_batch if target.lean is not None else _transformers_batch
+        for i, reply in zip(batch, generate(target, [prompts[i] for i in batch], max_new_tokens)):
+            replies[i] = reply
     return replies
+
+
+def _left_padded(prompts: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left-padded to one width: ids [b, width] and which slots hold a prompt token [b, width]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=device)
+    return ids, valid
+
+
+def _lean_batch(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """One batch through the lean forward: the prompts share one KV cache (a row each, left-padded, pads masked), a
+    step feeds one token per row, and a row leaves the batch at its end-of-turn token, so no compute is spent on
+    finished replies (transformers' `generate` keeps stepping them until the longest is done)."""
+    lean, dev = target.lean, target.device
+    ids, valid = _left_padded(prompts, 0, dev)
+    width = ids.shape[1]
+    slots = torch.arange(width, device=dev)
+    positions = (slots - (~valid).sum(1, keepdim=True)).clamp(min=0)
+    # Causal over the prompt's own slots; a pad slot attends to itself only, so no attention row is empty (an
+    # empty row gives NaN values, which would reach the real rows through the zero-weighted pads).
+    mask = torch.ones(width, width, dtype=torch.bool, device=dev).tril() & valid[:, None, :]
+    mask |= torch.eye(width, dtype=torch.bool, device=dev)
+    cache = lean.new_cache(capacity=width + max_new_tokens, batch=len(prompts))
+    last = lean.forward(ids, positions, cache, mask)[:, -1]
+    position = positions[:, -1]
+    rows = torch.arange(len(prompts))  # each live row's index in `prompts`
+    replies: list[list[int]] = [[] for _ in prompts]
+    for step in range(max_new_tokens):
+        tokens = target.logits(last).argmax(-1)
+        finished = []
+        for row, (r, token) in enumerate(zip(rows.tolist(), tokens.tolist())):
+            replies[r].append(token)
+            if token in target.eos_ids:
+                finished.append(row)
+        if step == max_new_tokens - 1 or len(finished) == len(rows):
+            break
+        if finished:
+            live = torch.tensor([i for i in range(len(rows)) if i not in set(finished)], device=dev)
+            cache.keep_rows(live)
+            rows, tokens, valid, position = rows[live.cpu()], tokens[live], valid[live], position[live]
+        valid = torch.cat([valid, valid.new_ones(len(rows), 1)], 1)
+        position = position + 1
+        last = lean.forward(tokens[:, None], position[:, None], cache, valid[:, None, :])[:, -1]
+    return replies
+
+
+def _transformers_batch(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """One batch through transformers' `generate` (targets the lean forward does not run)."""
+    tokenizer = target.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_ids, default=0)
+    ids, valid = _left_padded(prompts, pad, target.device)
+    out = target.model.generate(
+        input_ids=ids, attention_mask=valid.long(), max_new_tokens=max_new_tokens, do_sample=False,
+        pad_token_id=pad, eos_token_id=sorted(target.eos_ids) or None,
+    )
+    return [_cut_reply(row, target.eos_ids) for row in out[:, ids.shape[1]:].tolist()]
 
 
 def regenerate(
