@@ -110,6 +110,33 @@ def test_hydra_blocks_after_the_first_have_their_own_weights(target, tmp_path):
     assert not loaded.heads.rest.block_weight[:, 1].any()
 
 
+@pytest.mark.parametrize("kind", HEADS)
+def test_grown_heads_draft_as_before_and_train_their_new_blocks(target, tmp_path, kind):
+    drafter = random_drafter(kind, target).attach(target.embed_weight, target.head_weight)
+    grown = drafter.grown(3).attach(target.embed_weight, target.head_weight)
+    assert grown.config.mlp_blocks == 3 and drafter.config.mlp_blocks == 1
+    features, tokens = _context(target)
+    before, after = (build_tree(int(tokens[-1]), d.propose(features, tokens, FULL_TREE), 64) for d in (drafter, grown))
+    assert torch.equal(before.tokens, after.tokens) and before.scores == pytest.approx(after.scores, abs=1e-5)
+    grown.save_pretrained(tmp_path / "d")
+    assert Drafter.from_pretrained(tmp_path / "d").config.mlp_blocks == 3
+    following = tokens[-1:].expand(1, 2)
+    loss = grown.predict(features[-1:], following, 1).square().sum()
+    loss.backward()
+    new_block = grown.heads.block_weight if kind == "medusa" else grown.heads.rest.block_weight
+    assert new_block.grad[:, -1].abs().sum() > 0  # the identity blocks are not stuck at zero
+    with pytest.raises(GumihoError, match="it can grow, not shrink"):
+        grown.grown(2)
+
+
+def test_blocks_apply_to_head_drafters_only():
+    from gumiho.train.trainer import check_kind
+
+    check_kind("medusa", 2)
+    with pytest.raises(GumihoError, match="--blocks applies to medusa and hydra, not gumiho"):
+        check_kind("gumiho", 2)
+
+
 @pytest.mark.parametrize("kind,other", [("medusa", "hydra"), ("hydra", "medusa"), ("medusa", "eagle2"),
                                         ("gumiho", "hydra")])
 def test_a_folder_of_another_kind_is_refused_in_one_line(target, tmp_path, kind, other):

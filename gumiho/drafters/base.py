@@ -12,7 +12,7 @@ tree, and keeps nothing between cycles.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -199,3 +199,20 @@ class HeadDrafter(Drafter):
         if plan.top_k > vocab:
             raise GumihoError(f"this {self.kind} tree takes a head's top {plan.top_k} tokens; the drafter proposes "
                               f"from {vocab}")
+
+    def grown(self, blocks: int) -> HeadDrafter:
+        """This drafter with `blocks` residual blocks per head: its own blocks first, then new ones that start as
+        the identity (zero weight and bias: a + SiLU(0) = a), so the grown drafter drafts exactly as this one did
+        and training goes on from there (Medusa's `medusa_num_layers`, Hydra's `hydra_num_layers`)."""
+        have = self.config.mlp_blocks
+        if blocks < have:
+            raise GumihoError(f"this {self.kind} drafter has {have} blocks per head; it can grow, not shrink")
+        grown = type(self)(replace(self.config, mlp_blocks=blocks))
+        state = {}
+        for name, new in grown.state_dict().items():
+            old = self.state_dict()[name]
+            if old.shape != new.shape:  # a stack of blocks, [heads, blocks, ...]: the old ones, then zeros
+                old = torch.cat([old, old.new_zeros(old.shape[0], new.shape[1] - old.shape[1], *old.shape[2:])], 1)
+            state[name] = old
+        grown.load_state_dict(state)
+        return grown.eval()

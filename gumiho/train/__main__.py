@@ -81,7 +81,7 @@ def train_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     config = _config(TrainConfig, args)
-    check_kind(config.drafter)
+    check_kind(config.drafter, config.blocks)
     missing = [folder for folder in config.data.split(",") if not Path(folder).is_dir()]
     if missing:
         raise GumihoError(f"no feature folder {missing[0]}; run `python -m gumiho.train prepare` first")

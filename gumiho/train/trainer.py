@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import DRAFTERS, Drafter, new_drafter
+from ..drafters import DRAFTERS, Drafter, HeadDrafter, new_drafter
 from ..errors import GumihoError
 from ..target import Target
 from .batches import collate, epoch_order, on_device, plan_batches
@@ -48,6 +48,8 @@ class TrainConfig:
                                         "weighted 0.8^k)", 0.0)
     head_ce_weight: float = option("Medusa, Hydra: weight of each head's soft cross-entropy", 1.0)
     init: str = option("drafter folder to start from (same kind; its draft vocabulary is kept); empty: random", "")
+    blocks: int = option("Medusa, Hydra: residual blocks per head; 0: the kind's default (1), or --init's. With "
+                         "--init, more blocks than it has are added as the identity", 0)
     unroll: int = option("draft steps trained per position; steps 2.. read the draft's own output "
                          "(training-time test)", 1)
     seed: int = option("seed of weights, batches and noise", 0)
@@ -89,26 +91,33 @@ def frequency_vocab(sequences: list[Sequence], size: int, vocab_size: int, alway
     return ids.sort().values, coverage_of(ids, counts)
 
 
-def check_kind(kind: str) -> None:
+def check_kind(kind: str, blocks: int = 0) -> None:
     if kind not in DRAFTERS:
         raise GumihoError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {kind!r}")
+    if blocks and not issubclass(DRAFTERS[kind], HeadDrafter):
+        raise GumihoError(f"--blocks applies to medusa and hydra, not {kind}")
+    if blocks < 0:
+        raise GumihoError(f"--blocks must be at least 1 (0: the default), not {blocks}")
 
 
 def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]) -> tuple[Drafter, float]:
     """A new drafter with a frequency-ranked draft vocabulary, or the `init` drafter; and the share of the data's
     assistant tokens its draft vocabulary covers."""
-    check_kind(config.drafter)
+    check_kind(config.drafter, config.blocks)
     vocab_size = target.vocab_size
     if config.init:
         drafter = Drafter.from_pretrained(config.init)
         if drafter.kind != config.drafter:
             raise GumihoError(f"--init {config.init} is a {drafter.kind} drafter, not {config.drafter}")
+        if config.blocks:
+            drafter = drafter.grown(config.blocks)
         coverage = 1.0 if drafter.draft_vocab is None else coverage_of(drafter.draft_vocab,
                                                                         assistant_counts(sequences, vocab_size))
     else:
         size = min(config.draft_vocab, vocab_size) if config.draft_vocab else 0
+        shape = {"mlp_blocks": config.blocks} if config.blocks else {}
         drafter = new_drafter(config.drafter, target.model.config, seed=config.seed, draft_vocab_size=size,
-                              target=target.name)
+                              target=target.name, **shape)
         coverage = 1.0
         if size:
             ids, coverage = frequency_vocab(sequences, size, vocab_size, target.eos_ids)
