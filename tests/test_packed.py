@@ -75,3 +75,13 @@ def test_bf16_matches_linear_up_to_bf16_rounding():
         got = PackedMatrix(weight, bias)(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), F.linear(x, weight, bias).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_autocast_picks_the_dtype_of_a_packed_matrix():
+    """Self-distillation runs the lean forward under bf16 autocast on CPUs with bf16 units: the packed fp32 weight
+    must then give way to F.linear, which autocast runs in bf16."""
+    weight, x = torch.randn(64, 32), torch.randn(5, 32)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = PackedMatrix(weight)(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), x @ weight.T, rtol=2e-2, atol=5e-2)
