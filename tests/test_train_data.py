@@ -217,6 +217,12 @@ def test_prepare_writes_resumable_shards_of_self_distilled_turns(tmp_path):
     assert sorted(json.loads(line)["id"] for line in (out / "prompts.jsonl").read_text().splitlines()) == \
         sorted(chat["id"] for chat in chats)
     assert all(s.loss_mask.sum() == 3 for s in first)  # the target's own 3-token replies, not "w5 w6"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["recipe"]["turns"] == 2 and list(manifest["shards"]) == [p.name for p in shards]
+    assert manifest["tokens"] == sum(len(s.input_ids) for s in first) and manifest["reply_tokens"] == 24 * 3
+    assert [len(shard["sequences"]) for shard in manifest["shards"].values()] == [10, 10, 4]
+    assert {name.split("/")[0] for name in manifest["shards"]["shard-00002.safetensors"]["sequences"]} <= \
+        {chat["id"] for chat in chats}
 
     kept = {p.name: p.stat().st_mtime_ns for p in shards[:2]}
     shards[2].unlink()  # the process died before its last shard
@@ -224,6 +230,7 @@ def test_prepare_writes_resumable_shards_of_self_distilled_turns(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in shards[:2]} == kept and shards[2].exists()
     again = load_sequences(out)
     assert [s.input_ids.tolist() for s in again] == [s.input_ids.tolist() for s in first]
+    assert json.loads((out / "manifest.json").read_text()) == manifest  # the same data, the same digests
 
 
 def test_prepare_without_self_distillation_needs_replies(tmp_path):

@@ -6,6 +6,7 @@ conversations plus `offsets` [n + 1]. A shard that exists is complete, which is 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,18 @@ def read_shard(path: Path) -> list[Sequence]:
         ids, mask = f.get_tensor("input_ids").long(), f.get_tensor("loss_mask").bool()
         features, offsets = f.get_tensor("features"), f.get_tensor("offsets").tolist()
     return [Sequence(ids[a:b], mask[a:b], features[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def shard_summary(path: Path) -> dict:
+    """What identifies a shard's data without its features: the sequences' ids, the token and reply-token counts,
+    and sha256 digests of the token ids and of the loss mask. Small enough to commit; a rerun of the same recipe
+    must give the same digests (the features differ in the last bits between machines, the tokens must not)."""
+    with safe_open(str(path), framework="pt") as f:
+        ids, mask = f.get_tensor("input_ids"), f.get_tensor("loss_mask")
+        names = json.loads(f.metadata()["ids"])
+    return {"sequences": names, "tokens": ids.numel(), "reply_tokens": int(mask.sum()),
+            "input_ids_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest(),
+            "loss_mask_sha256": hashlib.sha256(mask.numpy().tobytes()).hexdigest()}
 
 
 def load_sequences(folder: str | Path) -> list[Sequence]:

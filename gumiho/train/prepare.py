@@ -14,7 +14,7 @@ from ..errors import GumihoError
 from ..target import Target
 from .data import Conversation, load_conversations, render, split
 from .distill import regenerate
-from .features import target_features, write_shard
+from .features import shard_summary, target_features, write_shard
 from .precision import autocast, uses_bf16
 from .options import option
 
@@ -89,4 +89,15 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
         bar.update(len(group))
         bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - started):.0f}")
     bar.close()
+    write_manifest(out)
     return out
+
+
+def write_manifest(out: Path) -> None:
+    """manifest.json: the recipe (prepare.json's settings) and each shard's summary, the part of a data set that is
+    small enough to commit (docs/training.md#data)."""
+    manifest = {"recipe": json.loads((out / "prepare.json").read_text()),
+                "shards": {p.name: shard_summary(p) for p in sorted(out.glob("shard-*.safetensors"))}}
+    manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"].values())
+    manifest["reply_tokens"] = sum(s["reply_tokens"] for s in manifest["shards"].values())
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
