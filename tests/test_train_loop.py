@@ -215,6 +215,20 @@ def test_fine_tune_from_a_drafter_with_unrolled_steps(corpus, tmp_path):
         train(_config("eagle2", data, tmp_path / "d", unroll=0), target)
 
 
+def test_fine_tune_grows_the_heads_of_a_medusa_drafter(corpus, tmp_path):
+    """--init with --blocks: the initial heads' blocks come first and the new ones train from the identity."""
+    target, data = corpus
+    first = train(_config("medusa", data, tmp_path / "a", epochs=1), target)
+    run = train(_config("medusa", data, tmp_path / "b", epochs=1, blocks=3, init=str(first / "drafter")), target)
+    start, grown = Drafter.from_pretrained(first / "drafter"), Drafter.from_pretrained(run / "drafter")
+    assert (start.config.mlp_blocks, grown.config.mlp_blocks) == (1, 3)
+    assert grown.heads.block_weight[:, 1:].abs().sum() > 0  # the added blocks left the identity
+    assert "Residual blocks per head: 3 (blocks the initial drafter lacked started as the identity)" in \
+        ship(run, tmp_path / "shipped").joinpath("README.md").read_text()
+    with pytest.raises(GumihoError, match="--blocks applies to medusa and hydra, not eagle2"):
+        train(_config("eagle2", data, tmp_path / "c", blocks=2), target)
+
+
 def test_bf16_autocast_trains_fp32_weights_with_fp32_losses(corpus, tmp_path, monkeypatch):
     from gumiho.train import precision
 

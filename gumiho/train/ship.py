@@ -44,6 +44,9 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         f"wall time: {summary['wall_time_s'] / 60:.1f} min on {summary['device']}.",
         *([f"- Started from the drafter in `{c['init']}` (its draft vocabulary kept); the figures below cover this run "
             "only."] if c.get("init") else []),
+        *([f"- Residual blocks per head: {c['blocks']}"
+           + (" (blocks the initial drafter lacked started as the identity)." if c.get("init") else ".")]
+          if c.get("blocks") else []),
         *([f"- Training-time test: {c['unroll']} draft steps per position, steps 2.. fed the draft's own output."]
           if c.get("unroll", 1) > 1 else []),
         f"- Draft vocabulary: {summary.get('draft_vocab_size') or c['draft_vocab'] or 'full'} ids "
