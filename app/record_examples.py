@@ -2,6 +2,10 @@
 
     python -m app.record_examples            # every example (a race of every loaded method and AR per prompt)
     python -m app.record_examples --max-new-tokens 32
+    python -m app.record_examples --total-tokens 12   # every method verifies 12 tokens, whatever this machine picks
+
+The automatic trees are this machine's (a slow CPU picks small ones, down to a single draft token); a fixed budget
+keeps the lesson's tree figures alike from one recording machine to the next.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.record_examples", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--total-tokens", type=int, default=None,
+                        help="tokens every method verifies per cycle (default: this machine's automatic trees)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     engine = load_default_engine(lambda phase: logging.info("engine: %s", phase))
     shutil.rmtree(TRACES, ignore_errors=True)
     for recording in RECORDINGS:
-        settings = RunSettings(max_new_tokens=args.max_new_tokens, fta=recording.fta)
+        settings = RunSettings(max_new_tokens=args.max_new_tokens, fta=recording.fta, total_tokens=args.total_tokens)
         configs = {m: s.config(m, engine.default_tree(m)) for m, s in race_settings(settings, engine.drafters).items()}
         traces = list(race(engine, recording.prompt, configs, Control()))[-1]
         folder = TRACES / recording.name
