@@ -9,6 +9,7 @@ Debian's Chromium from a running app:
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from gumiho.trace import DRAFTED_METHODS, METHOD_NAMES
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
         # The lesson is the open tab now: each method's tree is a plot titled "<name>, cycle N of the example ...".
         for method in DRAFTED_METHODS:
-            plot = page.locator(".js-plotly-plot").filter(has_text=f"{METHOD_NAMES[method]}, cycle").first
+            title = re.compile(rf"^{re.escape(METHOD_NAMES[method])}( \(approximate\))?, cycle")  # MJSD's is marked
+            plot = page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text=title)).first
             if not plot.count():
                 print(f"no {METHOD_NAMES[method]} tree in the lesson (no recorded example)")
                 continue
