@@ -80,7 +80,8 @@ def _lean_batch(target: Target, prompts: list[list[int]], max_new_tokens: int) -
         if step == max_new_tokens - 1 or len(finished) == len(rows):
             break
         if finished:
-            live = torch.tensor([i for i in range(len(rows)) if i not in set(finished)], device=dev)
+            done = set(finished)
+            live = torch.tensor([i for i in range(len(rows)) if i not in done], device=dev)
             cache.keep_rows(live)
             rows, tokens, valid, position = rows[live.cpu()], tokens[live], valid[live], position[live]
         valid = torch.cat([valid, valid.new_ones(len(rows), 1)], 1)
