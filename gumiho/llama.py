@@ -46,10 +46,6 @@ class StaticCache:
     def capacity(self) -> int:
         return self.keys.shape[3]
 
-    @property
-    def batch(self) -> int:
-        return self.keys.shape[1]
-
     def reserve(self, total: int) -> None:
         if total <= self.capacity:
             return

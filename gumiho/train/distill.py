@@ -37,8 +37,8 @@ def length_batches(lengths: list[int], batch_size: int, max_new_tokens: int) -> 
 def greedy_replies(target: Target, prompts: list[list[int]], max_new_tokens: int, batch_size: int) -> list[list[int]]:
     """The target's greedy reply to each prompt (cut after its first end-of-turn token), in the prompts' order."""
     replies: list[list[int]] = [[] for _ in prompts]
+    generate = _lean_batch if target.lean is not None else _transformers_batch
     for batch in length_batches([len(p) for p in prompts], batch_size, max_new_tokens):
-        generate = _lean_batch if target.lean is not None else _transformers_batch
         for i, reply in zip(batch, generate(target, [prompts[i] for i in batch], max_new_tokens)):
             replies[i] = reply
     return replies
