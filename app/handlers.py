@@ -210,18 +210,18 @@ class Handlers:
                  top_k: Any, depth: Any, total_tokens: Any, mlptopk: Any, pruning: Any, fta: Any, tau_acc: Any,
                  request: gr.Request) -> Iterator[dict]:
         ui = self.explore
-        try:
-            prompt, method = validate.prompt(prompt, self.limits), validate.method(method)
-            settings = RunSettings(**validate.numbers(
-                self.limits, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                top_k=top_k, depth=depth, total_tokens=total_tokens, mlptopk=mlptopk, pruning=pruning,
-                tau_acc=tau_acc), fta=validate.flag("fta", fta))
-        except WrongType as exc:
-            raise refuse("/generate", exc) from None
-        except InvalidInput as exc:
-            yield {ui.message: failure(exc)}
-            return
-        with self.sessions.control(request.session_hash) as control:
+        with self.sessions.control(request.session_hash) as control:  # taken first: a refusal must free it too
+            try:
+                prompt, method = validate.prompt(prompt, self.limits), validate.method(method)
+                settings = RunSettings(**validate.numbers(
+                    self.limits, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                    top_k=top_k, depth=depth, total_tokens=total_tokens, mlptopk=mlptopk, pruning=pruning,
+                    tau_acc=tau_acc), fta=validate.flag("fta", fta))
+            except WrongType as exc:
+                raise refuse("/generate", exc) from None
+            except InvalidInput as exc:
+                yield {ui.message: failure(exc)}
+                return
             try:
                 yield from self._turn(ui.message, control)
                 if control.stopped:
@@ -301,17 +301,17 @@ class Handlers:
     def race(self, prompt: Any, methods: Any, temperature: Any, max_new_tokens: Any, top_k: Any, total_tokens: Any,
              fta: Any, request: gr.Request) -> Iterator[dict]:
         ui = self.racing
-        try:
-            prompt, methods = validate.prompt(prompt, self.limits), validate.race_methods(methods)
-            settings = RunSettings(**validate.numbers(self.limits, max_new_tokens=max_new_tokens,
-                                                      temperature=temperature, top_k=top_k,
-                                                      total_tokens=total_tokens), fta=validate.flag("fta", fta))
-        except WrongType as exc:
-            raise refuse("/race", exc) from None
-        except InvalidInput as exc:
-            yield {ui.message: failure(exc)}
-            return
-        with self.sessions.control(request.session_hash) as control:
+        with self.sessions.control(request.session_hash) as control:  # taken first: a refusal must free it too
+            try:
+                prompt, methods = validate.prompt(prompt, self.limits), validate.race_methods(methods)
+                settings = RunSettings(**validate.numbers(self.limits, max_new_tokens=max_new_tokens,
+                                                          temperature=temperature, top_k=top_k,
+                                                          total_tokens=total_tokens), fta=validate.flag("fta", fta))
+            except WrongType as exc:
+                raise refuse("/race", exc) from None
+            except InvalidInput as exc:
+                yield {ui.message: failure(exc)}
+                return
             try:
                 yield from self._turn(ui.message, control)
                 if control.stopped:

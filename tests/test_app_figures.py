@@ -450,6 +450,28 @@ def test_a_second_run_of_the_same_visitor_is_refused_while_one_is_queued_or_runn
     assert handlers.queue(SimpleNamespace(session_hash="b"))  # another visitor just waits
 
 
+@pytest.mark.parametrize("run", ["generate", "race"])
+@pytest.mark.parametrize("bad", ["input", "type"])
+def test_a_refused_run_frees_the_visitor_for_the_next_one(run, bad):
+    """Generate (or Race) with an empty prompt, or a value of the wrong type from the API, is refused; the
+    visitor's next click must start a run, not be told that one is in progress."""
+    import gradio as gr
+
+    handlers, request = handlers_for(), SimpleNamespace(session_hash="a")
+    prompt = "" if bad == "input" else 42
+    args = (prompt, "gumiho", 0.0, 8, 1.0, 0, 2, 3, 6, 2, 2, False, 0.9) if run == "generate" else \
+        (prompt, ["eagle2"], 0.0, 8, 2, 6, False)
+    ui, handler = (handlers.explore, handlers.generate) if run == "generate" else (handlers.racing, handlers.race)
+    handlers.queue(request)
+    if bad == "input":
+        assert list(handler(*args, request))[-1][ui.message].startswith("⚠")
+    else:
+        with pytest.raises(gr.Error):
+            list(handler(*args, request))
+    assert not handlers.sessions.busy("a")
+    assert handlers.queue(request)
+
+
 def test_the_time_budget_stops_a_run_after_its_current_cycle_and_keeps_its_tokens():
     from app.service import Control, stream
     from gumiho.engine import GenerationConfig
