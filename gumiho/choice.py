@@ -43,7 +43,7 @@ class Choice:
     units: str = ""  # the hardware behind a half-precision path ("AMX", "AVX512-BF16", "GPU")
 
     def summary(self, method: str) -> str:
-        units = self.path.dtype != "float32" and self.units
+        units = self.path.dtype in ("bfloat16", "float16") and self.units
         head = SHORT[self.path.dtype] + (f" ({units})" if units else "") + f", {self.path.forward} forward"
         m = self.methods.get(method)
         if m is None or m.tree is None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .errors import GumihoError
+from .int4 import Int4Matrix
 from .packed import PackedMatrix
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -75,23 +77,30 @@ class StaticCache:
         self.length -= abs(count)
 
 
+Matrix = PackedMatrix | Int4Matrix  # a callable x -> x @ W.T (+ bias)
+
+
 @dataclass
 class _Layer:
     input_norm: torch.Tensor
-    qkv: PackedMatrix
-    o: PackedMatrix
+    qkv: Matrix
+    o: Matrix
     post_norm: torch.Tensor
-    gate_up: PackedMatrix
-    down: PackedMatrix
+    gate_up: Matrix
+    down: Matrix
 
 
 class LeanLlama:
     """The decoder stack of a transformers Llama-family model, run without its modules (weights shared or cast)."""
 
-    def __init__(self, model: PreTrainedModel, pack: bool = True):
-        """`pack`: oneDNN-packed fp32 / bf16 matmuls on CPU (see packed.py); ignored on other devices."""
+    def __init__(self, model: PreTrainedModel, pack: bool = True, int4: dict[str, np.ndarray] | None = None):
+        """`pack`: oneDNN-packed fp32 / bf16 matmuls on CPU (see packed.py); ignored on other devices.
+
+        `int4`: run every linear with 4-bit weights (int4.py), CPU only. The dict holds GGUF Q4_1 rows by module
+        name ('model.layers.3.mlp.down_proj', see gguf_blocks.py), used as they are; a projection it lacks (or an
+        empty dict: every one) is quantized from the model's float weights."""
         config = model.config
-        self.pack = pack
+        self.pack, self.int4 = pack, int4
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise GumihoError(f"the lean forward does not support model type {config.model_type!r}")
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) \
@@ -110,12 +119,14 @@ class LeanLlama:
         self.inv_freq = rotary.inv_freq.float().to(self.device)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         with torch.inference_mode(False):  # the fused weights must stay usable outside inference mode
-            self.layers = [self._layer(layer) for layer in decoder.layers]
+            self.layers = [self._layer(f"model.layers.{i}", layer) for i, layer in enumerate(decoder.layers)]
         self._cos = self._sin = torch.empty(0)
 
-    def _fused(self, *linears) -> PackedMatrix:
+    def _fused(self, names: list[str], *linears) -> Matrix:
         """One matrix for several projections that read the same input. The projections' weights become views
         into it, so the transformers model keeps working and no weight is stored twice."""
+        if self.int4 is not None:
+            return self._int4(names, linears)
         if len(linears) == 1:
             lin = linears[0]
             return PackedMatrix(lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), self.pack)
@@ -133,15 +144,29 @@ class LeanLlama:
             start += lin.out_features
         return PackedMatrix(weight, bias, self.pack)
 
-    def _layer(self, layer) -> _Layer:
+    def _int4(self, names: list[str], linears) -> Int4Matrix:
+        """The projections stacked (rows) as one 4-bit matrix: from the GGUF blocks when all of them are there."""
+        bias = None
+        if any(lin.bias is not None for lin in linears):
+            bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                              for lin in linears])
+        if all(name in self.int4 for name in names):
+            return Int4Matrix.from_q4_1(np.concatenate([self.int4[name] for name in names]), bias)
+        return Int4Matrix.quantize(torch.cat([lin.weight.detach() for lin in linears]), bias)
+
+    def _layer(self, prefix: str, layer) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
+
+        def fused(*modules: str) -> Matrix:
+            return self._fused([f"{prefix}.{m}" for m in modules], *(layer.get_submodule(m) for m in modules))
+
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach(),
-            qkv=self._fused(attn.q_proj, attn.k_proj, attn.v_proj),
-            o=self._fused(attn.o_proj),
+            qkv=fused("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            o=fused("self_attn.o_proj"),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=self._fused(mlp.gate_proj, mlp.up_proj),
-            down=self._fused(mlp.down_proj),
+            gate_up=fused("mlp.gate_proj", "mlp.up_proj"),
+            down=fused("mlp.down_proj"),
         )
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:

@@ -1,9 +1,11 @@
 """The machine profile: what each way of running the target and the drafters costs on the machine at hand.
 
 Processors differ (AVX2 only; AVX-512 with bf16 dot products; AMX tiles; GPUs), and a tuning measured on one can
-be wrong on another: oneDNN-packed fp32 matmuls help one CPU and hurt the next, bf16 is 3x faster than fp32 on a
-CPU with bf16 units and 5x slower on one without. So the engine measures, once per (machine, model, drafter
-shapes), for each candidate execution path (dtype, forward, packing):
+be wrong on another: oneDNN-packed fp32 matmuls help one CPU and hurt the next; on a CPU without bf16 units a
+one-row bf16 product beats fp32 (half the bytes) while a 12-row one is several times slower; 4-bit weights
+(int4.py) cost a third of fp32 for one row and little more for three. So the engine assumes nothing and measures,
+once per (machine, model, drafter shapes), every candidate execution path (dtype or int4 weights, forward,
+packing):
 
   verify_ms   one target forward over n tree tokens (tree mask) + the lm_head + argmax, for n in SIZES, on top of
               a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
@@ -31,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from .drafters import Drafter
+from .int4 import int4_available
 from .packed import pack_linears, packing_enabled, packs
 from .static_tree import STATIC_METHODS
 from .target import Target, cache_root
@@ -38,14 +41,17 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3  # 3: every dtype and int4 weights measured on a CPU
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (3, 4, 6, 8)
 REPEATS = 3
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int4": "int4"}
+# "int4": 4-bit weights with bf16 activations at each product; everything else (and the drafters) in fp32.
+ACTIVATIONS = {**DTYPES, "int4": torch.float32}
+STEEP = 8.0  # a size whose verification costs this many one-token steps is measured once, then extrapolated
 
 
 class ProfileError(ValueError):
@@ -101,13 +107,14 @@ def signature(device: torch.device) -> dict:
 class ExecPath:
     """One way to run the target (and the drafters, which follow its dtype)."""
 
-    dtype: str  # a key of DTYPES
+    dtype: str  # a key of ACTIVATIONS: a dtype, or "int4" (4-bit weights)
     forward: str = "lean"  # "lean" | "transformers"
     pack: bool = False  # oneDNN-packed matmuls (CPU, fp32 and bf16)
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        """The dtype of the activations and the KV cache (fp32 for int4 weights)."""
+        return ACTIVATIONS[self.dtype]
 
     @property
     def label(self) -> str:
@@ -115,11 +122,12 @@ class ExecPath:
 
 
 def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPath]:
-    """What is worth measuring on this device. bf16 on a CPU without bf16 units is left out: it is slower than
-    fp32 by a wide margin (software conversion), so measuring it would only spend the time budget. A GPU gets the
-    half-precision dtype it was loaded in: a second copy of a GPU-sized model may not fit. The
-    transformers forward is measured only for models the lean forward does not run: where both run, the lean one
-    does the same arithmetic with less around it (docs/benchmarks.md has the comparison)."""
+    """What is measured on this device. On a CPU: every dtype (fp32, bf16 and fp16, whether or not the processor
+    has half-precision units: one-row half-precision products can win without them), packed where oneDNN packs,
+    and int4 weights where torch has the kernel and the lean forward runs. A GPU gets the half-precision dtype it
+    was loaded in: a second copy of a GPU-sized model may not fit. The transformers forward is measured only for
+    models the lean forward does not run: where both run, the lean one does the same arithmetic with less around
+    it (docs/benchmarks.md has the comparison)."""
     if device.type == "cuda":  # one path: a second copy of a GPU-sized model in another dtype may not fit
         return [ExecPath("bfloat16" if torch.cuda.is_bf16_supported() else "float16", forward)]
     if device.type == "mps":  # untested here (no Apple machine)
@@ -127,21 +135,23 @@ def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPat
     paths = [ExecPath("float32", forward)]
     if packing_enabled():
         paths.append(ExecPath("float32", forward, pack=True))
-    if bf16_units(device):
-        paths.append(ExecPath("bfloat16", forward))
-        if packs(torch.bfloat16):
-            paths.append(ExecPath("bfloat16", forward, pack=True))
+    paths.append(ExecPath("bfloat16", forward))
+    if packs(torch.bfloat16):
+        paths.append(ExecPath("bfloat16", forward, pack=True))
+    paths.append(ExecPath("float16", forward))
+    if forward == "lean" and int4_available():  # `pack` here: the drafters' fp32 matmuls
+        paths.append(ExecPath("int4", forward, pack=packing_enabled()))
     return paths
 
 
 def target_for(base: Target, path: ExecPath) -> Target:
     """`base` run the way `path` says. The fp32 model object is shared where the dtype matches (the lean forward
-    only re-views its weights); another dtype gets a converted copy."""
+    only re-views its weights, int4 reads its own blocks); another dtype gets a converted copy."""
     model = base.model
     if path.torch_dtype != base.dtype:
         model = copy.deepcopy(base.model).to(path.torch_dtype)
     return Target(model=model, tokenizer=base.tokenizer, name=base.name, device=base.device, dtype=path.torch_dtype,
-                  eos_ids=base.eos_ids, forward=path.forward, pack=path.pack)
+                  eos_ids=base.eos_ids, forward=path.forward, pack=path.pack, int4=path.dtype == "int4")
 
 
 def drafter_for(drafter: Drafter, target: Target, pack: bool) -> Drafter:
@@ -239,7 +249,13 @@ class VerifyTimer:
         self.target, self.kv = target, kv
         self.generator = torch.Generator().manual_seed(kv)
         self.cache = target.new_cache()
-        target.features(self._tokens(kv), self.cache)
+        if target.lean is not None:  # what the cache holds does not change a forward's cost: no prefill needed
+            self.cache.reserve(kv + max(SIZES))
+            for tensor in (self.cache.keys, self.cache.values):
+                tensor[..., :kv, :] = torch.randn(tensor[..., :kv, :].shape, generator=self.generator)
+            self.cache.length = kv
+        else:
+            target.features(self._tokens(kv), self.cache)
 
     def _tokens(self, n: int) -> torch.Tensor:
         return torch.randint(self.target.vocab_size, (n,), generator=self.generator).to(self.target.device)
@@ -264,10 +280,9 @@ class VerifyTimer:
 class DraftTimer:
     """One drafter's `propose` + tree build after a 256-token prefix, three newly accepted tokens each call."""
 
-    def __init__(self, target: Target, drafter: Drafter, method: str):
-        generator = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(target.vocab_size, (260,), generator=generator).to(target.device)
-        self.features = target.features(self.ids, target.new_cache())
+    def __init__(self, target: Target, drafter: Drafter, method: str, ids: torch.Tensor, features: torch.Tensor):
+        """`features` [260, H]: the target's features for `ids` (any path's: the cost does not depend on them)."""
+        self.ids, self.features = ids.to(target.device), features.to(target.device, target.dtype)
         self.drafter, self.method, self.device = drafter, method, target.device
 
     @torch.inference_mode()
@@ -317,12 +332,17 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     """Time every candidate path. `target` is the target as loaded (fp32 on CPU, half precision on a GPU).
 
     Paths, sizes and top_ks are interleaved within each repeat, so drift on a shared machine hits them alike;
-    repeat 0 warms up and is not kept."""
+    repeat 0 warms up and is not kept, except for a size that cost STEEP one-token steps there: it is too slow to
+    be chosen, so that one measurement stands (a 64-token bf16 forward on a CPU without bf16 units takes a
+    second)."""
     paths = paths or candidate_paths(target.device, target.forward)
     runners = [target_for(target, path) for path in paths]
     verify = [[VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
-    draft = [{m: DraftTimer(r, drafter_for(d, r, p.pack), m) for m, d in sorted(drafters.items())}
+    ids = torch.randint(target.vocab_size, (260,), generator=torch.Generator().manual_seed(1)).to(target.device)
+    features = target.features(ids, target.new_cache())
+    draft = [{m: DraftTimer(r, drafter_for(d, r, p.pack), m, ids, features) for m, d in sorted(drafters.items())}
              for r, p in zip(runners, paths)]
+    warm = [[{} for _ in KV_LENGTHS] for _ in paths]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
     draft_ms = [{m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for _ in paths]
     jobs = [(i, j, n) for i in range(len(paths)) for j in range(len(KV_LENGTHS)) for n in SIZES]
@@ -332,9 +352,14 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
         for r in range(repeats + 1):
             for i, key, size in jobs:
                 if isinstance(key, int):
+                    if r and warm[i][key][size] > STEEP * warm[i][key][1]:
+                        bar.update()
+                        continue
                     ms = verify[i][key](size)
                     if r:
                         verify_ms[i][key][size].append(ms)
+                    else:
+                        warm[i][key][size] = ms
                 else:
                     ms = draft[i][key](size)
                     if r:
@@ -343,7 +368,8 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                 if on_progress and bar.n * 10 // bar.total != (bar.n - 1) * 10 // bar.total:  # every 10%
                     on_progress(bar.n / bar.total)
     costs = [PathCost(path,
-                      {kv: [low(verify_ms[i][j][n]) for n in SIZES] for j, kv in enumerate(KV_LENGTHS)},
+                      {kv: [low(verify_ms[i][j][n]) if verify_ms[i][j][n] else warm[i][j][n] for n in SIZES]
+                       for j, kv in enumerate(KV_LENGTHS)},
                       {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()})
              for i, path in enumerate(paths)]
     return MachineProfile(signature=signature(target.device), model=target.name,

@@ -18,6 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from .errors import GumihoError
+from .gguf_blocks import q4_1_blocks
+from .int4 import CastMatrix, int4_available
 from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
@@ -55,15 +57,16 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-               "float16": "float16", "fp16": "float16", "half": "float16"}
+               "float16": "float16", "fp16": "float16", "half": "float16", "int4": "int4"}
 
 
 def parse_dtype(text: str | None) -> str | None:
-    """A dtype name (float32, bfloat16, float16 or a short form) -> its canonical name; 'auto' or None -> None."""
+    """A dtype name (float32, bfloat16, float16 or a short form; int4 for 4-bit weights) -> its canonical name;
+    'auto' or None -> None."""
     if text in (None, "", "auto"):
         return None
     if text not in DTYPE_NAMES:
-        raise GumihoError(f"unknown dtype {text!r}; choose auto, float32, bfloat16 or float16")
+        raise GumihoError(f"unknown dtype {text!r}; choose auto, float32, bfloat16, float16 or int4")
     return DTYPE_NAMES[text]
 
 
@@ -73,6 +76,17 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def default_q4_1_blocks(config) -> dict:
+    """The default model's 4-bit linears as its GGUF file stores them (read once per process)."""
+    global _DEFAULT_BLOCKS
+    if _DEFAULT_BLOCKS is None:
+        _DEFAULT_BLOCKS = q4_1_blocks(find_default_gguf(), config.num_attention_heads, config.num_key_value_heads)
+    return _DEFAULT_BLOCKS
+
+
+_DEFAULT_BLOCKS: dict | None = None
 
 
 def find_default_gguf() -> Path:
@@ -114,6 +128,8 @@ class Target:
 
     `forward` picks how the decoder runs: "lean" (`llama.LeanLlama`, a pre-allocated KV cache; Llama-family models
     only) or "transformers" (the model's own forward, the reference). `pack`: oneDNN-packed fp32 matmuls on CPU.
+    `int4`: the lean forward with 4-bit weights (int4.py; the default model's own GGUF blocks), CPU only; the
+    lm_head then runs in fp16, `dtype` (fp32) is that of everything else, and `pack` applies to the drafters.
     """
 
     model: PreTrainedModel
@@ -124,6 +140,7 @@ class Target:
     eos_ids: set[int] = field(default_factory=set)
     forward: str = "lean"
     pack: bool = True
+    int4: bool = False
 
     def __post_init__(self) -> None:
         # Tree verification passes a boolean 4-D mask, which transformers hands to the attention as it is: SDPA
@@ -136,10 +153,23 @@ class Target:
         if self.forward == "lean" and self.model.config.model_type not in SUPPORTED_MODEL_TYPES:
             log.info("%s is a %s model: using the transformers forward", self.name, self.model.config.model_type)
             self.forward = "transformers"
+        if self.int4:
+            if self.forward != "lean" or self.device.type != "cpu" or not int4_available():
+                raise GumihoError("int4 weights need the lean forward of a Llama-family model, on a CPU whose torch "
+                                  "has the int4 kernel")
+            blocks = default_q4_1_blocks(self.model.config) if self.name == DEFAULT_MODEL else {}
+            self._lean = LeanLlama(self.model, int4=blocks)
+            self._head = CastMatrix(self.head_weight, torch.float16)
+            return
         self._lean = LeanLlama(self.model, pack=self.pack) if self.forward == "lean" else None
         if self._lean is None and self.pack:
             pack_linears(self.model.model)
         self._head = PackedMatrix(self.head_weight, pack=self.pack)
+
+    @property
+    def precision(self) -> str:
+        """What the trace and the reports call this path's numbers: 'int4' or the dtype's name."""
+        return "int4" if self.int4 else str(self.dtype).removeprefix("torch.")
 
     @property
     def lean(self) -> LeanLlama | None:

@@ -29,10 +29,10 @@ PROMPTS = (
 def check(engine: Engine, max_new_tokens: int, rounds: int, prompts: tuple[str, ...] = PROMPTS,
           method: str = "gumiho", model: str | None = DEFAULT_MODEL) -> dict:
     """Ratios per prompt, then averaged: AR loop over `model.generate`, traced over untraced cycle time - 1."""
-    from .reference import TransformersReference
+    from .reference import TransformersReference, baseline_dtype
 
     reference = TransformersReference(engine.target, model)
-    dtype = str(engine.target.dtype).removeprefix("torch.")
+    dtype = baseline_dtype(engine.target)
     ar_over_generate, overhead, ar_rates = [], [], []
     traced = GenerationConfig(max_new_tokens=max_new_tokens)
     untraced = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)

@@ -26,11 +26,13 @@ def _memory_gib() -> float | None:
     return None
 
 
-def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forward: str = "lean") -> dict:
-    """The machine and the execution path a run used (`pack`, `forward`: the target's)."""
+def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forward: str = "lean",
+             int4: bool = False) -> dict:
+    """The machine and the execution path a run used (`pack`, `forward`, `int4`: the target's)."""
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
-    packed = pack and device.type == "cpu" and packs(dtype)
+    packed = pack and not int4 and device.type == "cpu" and packs(dtype)
+    precision = "int4 weights (bf16 products), fp32 activations" if int4 else str(dtype).removeprefix("torch.")
     features = cpu_features()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -38,11 +40,12 @@ def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forwar
     else:
         name = cpu_name()
         description = (f"{name} ({', '.join(features) or 'no AVX2'}), {cores} cores, {threads} torch threads, "
-                       f"{str(dtype).removeprefix('torch.')}, {forward} forward")
+                       f"{precision}, {forward} forward")
         if packed:
             description += ", oneDNN-packed matmuls"
     return {"description": description, "device": device.type, "device_name": name, "cpu": cpu_name(),
-            "cores": cores, "threads": threads, "memory_gib": _memory_gib(), "dtype": str(dtype),
+            "cores": cores, "threads": threads, "memory_gib": _memory_gib(),
+            "dtype": "int4" if int4 else str(dtype),
             "packed_matmuls": packed, "forward": forward, "cpu_features": features,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}

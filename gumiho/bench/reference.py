@@ -30,7 +30,13 @@ def reference_dtype(name: str) -> str | None:
     """'transformers-bf16' -> 'bfloat16'; None for a name that is not a reference variant."""
     if not name.startswith(PREFIX):
         return None
-    return next((d for d, short in SHORT.items() if short == name.removeprefix(PREFIX)), None)
+    return next((d for d, short in SHORT.items() if short == name.removeprefix(PREFIX) and d in DTYPES), None)
+
+
+def baseline_dtype(target: Target) -> str:
+    """The dtype plain transformers runs in to compare with `target`: the target's own, or bf16 for int4 weights
+    (transformers has no int4 path on CPU; bf16 is its fastest one-row dtype on CPUs)."""
+    return "bfloat16" if target.int4 else target.precision
 
 
 class TransformersReference:

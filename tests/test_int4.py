@@ -1,0 +1,128 @@
+"""The int4 path: GGUF Q4_1 blocks read as stored, 4-bit products that equal their dequantized weights, rows
+computed alike whatever their number, and greedy speculation equal to this path's own AR."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gumiho.engine import Engine, GenerationConfig
+from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
+from gumiho.profile import ExecPath, candidate_paths, target_for
+from gumiho.tree import TreeSettings
+
+from .conftest import random_drafter, tiny_target
+
+pytestmark = pytest.mark.skipif(not int4_available(), reason="this torch has no CPU int4 kernel")
+
+
+def q4_1_row(d: float, m: float, values: list[int]) -> np.ndarray:
+    """One Q4_1 block as llama.cpp writes it: fp16 d, fp16 m, byte j = value j | value j + 16 << 4."""
+    low, high = np.array(values[:16], np.uint8), np.array(values[16:], np.uint8)
+    head = np.array([d, m], np.float16).view(np.uint8)
+    return np.concatenate([head, low | (high << 4)])
+
+
+def test_q4_1_blocks_unpack_to_d_q_plus_m():
+    values = [(7 * i + 3) % 16 for i in range(32)]
+    rows = np.stack([np.concatenate([q4_1_row(0.5, -1.0, values), q4_1_row(0.25, 2.0, values[::-1])]),
+                     np.concatenate([q4_1_row(1.0, 0.0, values[::-1]), q4_1_row(2.0, -8.0, values)])])
+    q, d, m = unpack_q4_1(rows)
+    assert q.shape == (2, 64) and d.tolist() == [[0.5, 0.25], [1.0, 2.0]] and m.tolist() == [[-1.0, 2.0], [0.0, -8.0]]
+    assert q[0, :32].tolist() == values and q[0, 32:].tolist() == values[::-1]
+    matrix = Int4Matrix.from_q4_1(rows)
+    expected = (q.float().view(2, 2, GROUP) * d[..., None] + m[..., None]).view(2, 64)
+    assert torch.equal(matrix.dequantized(), expected)  # these scales and zeros are exact in bf16
+
+
+def test_products_equal_the_dequantized_weight_and_rows_do_not_depend_on_their_number():
+    torch.manual_seed(0)
+    weight = torch.randn(96, 128)
+    matrix = Int4Matrix.quantize(weight, bias=torch.randn(96))
+    dequantized = matrix.dequantized()
+    assert (dequantized - weight).abs().max() <= (weight.abs().max() * 2 / 15) * 0.51 + 1e-2  # half a step, bf16
+    x = torch.randn(7, 128)
+    y = matrix(x)
+    reference = x.bfloat16().float() @ dequantized.t() + matrix.bias
+    assert (y - reference).abs().max() <= 0.01 * reference.abs().max()  # bf16 activations and output
+    for i in range(7):
+        assert torch.equal(matrix(x[i : i + 1])[0], y[i])  # a tree row equals a one-token step, bit for bit
+    assert matrix(x[None])[0].shape == (7, 96)
+
+
+def tiny_int4_engine(seed: int) -> Engine:
+    target = target_for(tiny_target(seed=seed, vocab=16), ExecPath("int4", pack=False))
+    engine = Engine(target)
+    for kind in ("eagle2", "gumiho"):
+        engine.add_drafter(kind, random_drafter(kind, target, seed))
+    return engine
+
+
+def test_greedy_speculation_equals_int4_ar_on_tiny_models():
+    accepted = 0
+    shapes = {"eagle2": TreeSettings(top_k=4, depth=5, total_tokens=24),
+              "gumiho": TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)}
+    for seed in range(6):
+        engine = tiny_int4_engine(seed)
+        assert engine.target.int4 and engine.target.precision == "int4"
+        ids = torch.randint(0, 16, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids)
+        assert ar.settings.dtype == "int4"
+        for method, tree in shapes.items():
+            run = engine.generate("", method, GenerationConfig(max_new_tokens=30, tree=tree), prompt_ids=ids)
+            assert run.token_ids == ar.token_ids, (seed, method)
+            accepted += sum(s.accept_length for s in run.steps)
+    assert accepted > 20  # drafts were accepted, so the comparison covered multi-token cycles
+
+
+def test_every_dtype_and_int4_are_candidates_on_any_cpu(monkeypatch):
+    from gumiho import profile as prof
+
+    monkeypatch.setattr(prof, "cpu_features", lambda: ["avx2", "fma"])  # no bf16 units: measured all the same
+    paths = candidate_paths(torch.device("cpu"))
+    assert {p.dtype for p in paths} == {"float32", "bfloat16", "float16", "int4"}
+    assert [p for p in candidate_paths(torch.device("cpu"), "transformers") if p.dtype == "int4"] == []
+
+
+@pytest.fixture(scope="module")
+def default_blocks():
+    from gumiho.errors import GumihoError
+    from gumiho.target import default_q4_1_blocks, ensure_default_model
+
+    try:
+        folder = ensure_default_model()
+    except GumihoError as exc:
+        pytest.skip(str(exc))
+    from transformers import AutoConfig
+
+    return folder, default_q4_1_blocks(AutoConfig.from_pretrained(folder))
+
+
+def test_the_default_models_gguf_blocks_are_its_weights(default_blocks):
+    """Read as stored (the query and key rows un-permuted as transformers does), the blocks dequantize to exactly
+    the weights transformers converted from the same file."""
+    from safetensors import safe_open
+
+    folder, blocks = default_blocks
+    assert len(blocks) == 30 * 7
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+                     "model.layers.7.self_attn.v_proj", "model.layers.29.mlp.down_proj"):
+            q, d, m = unpack_q4_1(blocks[name])
+            dequantized = (q.float().view(q.shape[0], -1, GROUP) * d[..., None] + m[..., None]).view(q.shape)
+            assert torch.equal(dequantized, weights.get_tensor(name + ".weight")), name
+
+
+def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
+    from gumiho.loader import build_engine
+
+    engine = build_engine(threads=2, dtype="int4", trees="default")
+    assert engine.target.int4
+    config = GenerationConfig(max_new_tokens=40, trace=False)
+    prompt = "List the planets of the solar system in order, one per line."
+    ar = engine.generate(prompt, "ar", config)
+    for method in ("eagle2", "gumiho"):
+        run = engine.generate(prompt, method, config)
+        assert run.token_ids == ar.token_ids, method
+        assert run.tau > 1.2  # the shipped drafters are accepted on the int4 path too
