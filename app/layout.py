@@ -24,8 +24,9 @@ LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": 
 METHOD_CHOICES = [(method_name(m), m) for m in reversed(DRAFTED_METHODS)] + [("AR (no drafting)", "ar")]
 RACE_CHOICES = [(method_name(m), m) for m in DRAFTED_METHODS]
 TREE_LABELS = {
-    "top_k": "top-k (candidates per expanded node; MJSD: beams)",
-    "depth": "depth (EAGLE-2: expansions; Gumiho: draft depth − 1; static trees: deepest path; MJSD: chain length)",
+    "top_k": "top-k (candidates per expanded node; MJSD: beams; lookup: earlier matches followed)",
+    "depth": "depth (EAGLE-2: expansions; Gumiho: draft depth − 1; static trees: deepest path; MJSD: chain length; "
+             "lookup, recycle: draft depth)",
     "total_tokens": "total tokens verified per cycle (root incl.)",
     "mlptopk": "Gumiho: mlptopk (candidates per MLP head)",
     "pruning": "Gumiho: pruning (nodes kept per MLP depth)",
@@ -112,7 +113,8 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                 gr.Markdown("One prompt through the methods you pick, then **AR**, one after the other (never at "
                             "the same time, so the timings stay honest). Every drafter gets the same verification "
                             "budget: the same total tokens (a static tree, EAGLE's or Medusa's and Hydra's, at most "
-                            "its own size) and, where its tree has one, the same top-k. The recorded races below "
+                            "its own size; a lookup or recycle tree at most what its shape drafts) and, where its "
+                            "tree has one, the same top-k. The recorded races below "
                             "were timed on a shared 2-core CPU, so their timings move with whatever else ran; race "
                             "your own prompt to see this machine now.")
                 with gr.Row():

@@ -88,7 +88,8 @@ def legend_html(trace: GenerationTrace) -> str:
 def trace_summary(trace: GenerationTrace) -> str:
     """One Markdown line about a whole generation."""
     tree = trace.settings.tree or {}
-    shape = md(", ".join(f"{k} {v}" for k, v in tree.items() if k in ("top_k", "depth", "total_tokens") and v))
+    shape = md(", ".join(f"{k} {v}" for k, v in tree.items()
+                         if k in ("top_k", "depth", "total_tokens", "max_ngram", "min_ngram") and v))
     fta = " · FTA on" if trace.settings.fta_applied else ""
     temperature = md(trace.settings.sampling.get("temperature", 0))
     seconds = elapsed_s(trace)

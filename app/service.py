@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from gumiho.errors import GumihoError
 from gumiho.sampling import SamplingConfig
-from gumiho.trace import METHODS, GenerationTrace
+from gumiho.trace import METHODS, WEIGHT_FREE_METHODS, GenerationTrace
 from gumiho.static_tree import STATIC_METHODS, capped_total
 from gumiho.tree import TreeSettings
 
@@ -40,7 +40,8 @@ T = TypeVar("T")
 TREE_FIELDS_USED = {"gumiho": ("top_k", "depth", "total_tokens", "mlptopk", "pruning", "fta"),
                     "eagle2": ("top_k", "depth", "total_tokens"),
                     **{m: ("depth", "total_tokens") for m in ("eagle1", "medusa", "hydra")},
-                    "mjsd": ("top_k", "depth", "tau_acc")}  # beams, chain length, threshold
+                    "mjsd": ("top_k", "depth", "tau_acc"),  # beams, chain length, threshold
+                    **{m: ("top_k", "depth", "total_tokens") for m in WEIGHT_FREE_METHODS}}  # lookup: top_k matches
 ENGINE_LOCK = threading.Lock()  # held by the thread of the run using the engine
 
 
@@ -68,7 +69,8 @@ class RunSettings:
         """The engine's config for `method` (values already checked by `validate`), its tree fields applied to
         `base` (the engine's automatic tree for the method); raises GumihoError with a message for the visitor
         when the tree's fields do not fit together. A static tree verifies at most its own size (EAGLE-1's 25
-        nodes + the root), whatever total was asked for."""
+        nodes + the root), whatever total was asked for, and a lookup or recycle tree at most what its shape can
+        draft."""
         from gumiho.engine import GenerationConfig
 
         sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p)
@@ -80,6 +82,9 @@ class RunSettings:
                 chosen["total_tokens"] = capped_total(method, depth, chosen["total_tokens"])
             if method == "mjsd" and chosen["depth"] is not None:  # MJSD verifies its whole chain
                 chosen["total_tokens"] = chosen["depth"] + 1
+            if method in WEIGHT_FREE_METHODS and chosen["total_tokens"] is not None:  # at most what its shape drafts
+                shape = replace(base or TreeSettings.default(method), **{k: v for k, v in chosen.items() if v})
+                chosen["total_tokens"] = min(chosen["total_tokens"], shape.pool_size(method) + 1)
             tree = TreeSettings.resolve(method, overrides=chosen, base=base)
         return GenerationConfig(max_new_tokens=self.max_new_tokens, sampling=sampling, seed=self.seed, trace=True,
                                 tree=tree)
@@ -310,7 +315,9 @@ def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig], cont
         done.append(trace)
     if reference is not None and len(done) == len(configs) and not control.stopped:
         config = configs["ar"]
-        dtype = str(engine.target.dtype).removeprefix("torch.")
+        from gumiho.bench.reference import baseline_dtype
+
+        dtype = baseline_dtype(engine.target)
         yield done + [reference.generate(dtype, prompt, engine.target.encode_prompt(prompt), config.max_new_tokens,
                                          config.sampling.temperature, config.seed,
                                          max_time=limits.max_run_seconds)]

@@ -8,7 +8,8 @@ METHOD_NAMES = {**ENGINE_NAMES, "gumiho+fta": "Gumiho + FTA", "mjsd": "MJSD (app
                 "transformers-fp32": "transformers generate (fp32)", "transformers-bf16": "transformers generate (bf16)",
                 "transformers-fp16": "transformers generate (fp16)"}
 METHOD_COLORS = {"medusa": "#7c3aed", "hydra": "#0d9488", "eagle1": "#65a30d", "eagle2": "#2a9d8f",
-                 "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "mjsd": "#b45309", "ar": "#6c757d"}
+                 "gumiho": "#e76f51", "gumiho+fta": "#f4a261", "mjsd": "#b45309", "lookup": "#0369a1",
+                 "recycle": "#be185d", "ar": "#6c757d"}
 
 # Gumiho: the serial Transformer in blues, the parallel MLP heads in warm colours. EAGLE-2: greens by depth.
 SOURCE_COLORS = {
@@ -20,6 +21,9 @@ SOURCE_COLORS = {
     "mlp-5": "#db2777",
     "mlp-6": "#9333ea",
     "mlp-7": "#a16207",
+    # The draft-free methods: one colour each (their nodes carry no depth in the source name).
+    "lookup": "#0284c7",
+    "recycle": "#c026d3",
 }
 # The other drafters: one hue per method, darkest at depth 1 ("eagle-3", "medusa-2", ...).
 DEPTH_PALETTES = {
@@ -29,7 +33,8 @@ DEPTH_PALETTES = {
     "mjsd": ["#78350f", "#b45309", "#d97706", "#fbbf24", "#fde68a", "#fef3c7"],
 }
 SOURCE_KINDS = {"serial": "Transformer", "mlp": "MLP head", "eagle": "EAGLE draft step", "medusa": "Medusa head",
-                "hydra": "Hydra head", "mjsd": "MJSD beam step"}
+                "hydra": "Hydra head", "mjsd": "MJSD beam step", "lookup": "prompt lookup match",
+                "recycle": "recycled target top-k"}
 OTHER_SOURCE = "#9ca3af"
 BONUS_COLOR = "#eab308"
 ACCEPTED_COLOR = "#16a34a"
@@ -65,7 +70,7 @@ def source_name(source: str) -> str:
 
 
 def source_order(source: str) -> tuple[int, int]:
-    """Sort key: root, then serial, MLP, EAGLE, Medusa, Hydra and MJSD heads by depth."""
+    """Sort key: root, then serial, MLP, EAGLE, Medusa, Hydra and MJSD heads by depth, then lookup and recycle."""
     family, depth = _family(source)
     return (0 if source == "root" else 1 + list(SOURCE_KINDS).index(family) if family in SOURCE_KINDS
             else len(SOURCE_KINDS) + 1), depth

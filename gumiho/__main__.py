@@ -12,9 +12,33 @@ from dataclasses import replace
 from .cli import OneLineParser, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
 from .errors import GumihoError
 from .prompts import read_prompts
-from .trace import DRAFTED_METHODS, METHODS
+from .trace import DRAFTED_METHODS, METHODS, WEIGHT_FREE_METHODS
 
-CALIBRATED = tuple(m for m in DRAFTED_METHODS if m != "mjsd")  # MJSD verifies its whole chain: no tree size to choose
+# MJSD verifies its whole chain: no tree size to choose. Lookup and recycle have no folder to keep statistics in.
+CALIBRATED = tuple(m for m in DRAFTED_METHODS if m != "mjsd" and m not in WEIGHT_FREE_METHODS)
+
+
+def check_tree_options(args: argparse.Namespace) -> None:
+    """The tree options that are wrong whatever the model: refused before anything loads."""
+    from .tree import RECYCLE_WIDTH, TreeSettings
+
+    if args.total_tokens not in (None, "auto") and args.total_tokens < 1:
+        raise GumihoError("--total-tokens must be >= 1 or 'auto'")
+    if args.method != "mjsd" and (args.gamma or args.beams or args.tau_acc is not None):
+        raise GumihoError("--gamma, --beams and --tau-acc are MJSD options (--method mjsd)")
+    if args.method != "lookup" and (args.max_ngram is not None or args.min_ngram is not None):
+        raise GumihoError("--max-ngram and --min-ngram are lookup options (--method lookup)")
+    if args.method == "lookup":
+        default = TreeSettings.default("lookup")
+        low, high = args.min_ngram or default.min_ngram, args.max_ngram or default.max_ngram
+        if low > high:
+            raise GumihoError(f"--min-ngram ({low}) must not exceed --max-ngram ({high})")
+    if args.method == "recycle" and args.tree_top_k is not None and args.tree_top_k > RECYCLE_WIDTH:
+        raise GumihoError(f"recycle's table keeps {RECYCLE_WIDTH} next tokens per token: --tree-top-k must be at "
+                          f"most {RECYCLE_WIDTH}")
+    if args.method in WEIGHT_FREE_METHODS and args.drafter:
+        raise GumihoError(f"{args.method} drafts without weights: --drafter does not apply to it")
+
 
 def generate_main(args: argparse.Namespace) -> int:
     from .engine import GenerationConfig
@@ -25,8 +49,7 @@ def generate_main(args: argparse.Namespace) -> int:
 
     if args.method not in METHODS:
         raise GumihoError(f"unknown method {args.method!r}; choose one of {', '.join(METHODS)}")
-    if args.method != "mjsd" and (args.gamma or args.beams or args.tau_acc is not None):
-        raise GumihoError("--gamma, --beams and --tau-acc are MJSD options (--method mjsd)")
+    check_tree_options(args)
     if args.prompt is None and args.prompts is None:
         raise GumihoError("give --prompt TEXT or --prompts FILE.jsonl")
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)

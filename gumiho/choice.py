@@ -72,7 +72,7 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         tree = replace(base, **{k: v for k, v in (("top_k", top_k), ("total_tokens", total_tokens)) if v})
         why = "no acceptance statistics for this drafter" if acceptance is None else "top_k not profiled"
         return MethodChoice(method, tree, ar, 1.0, f"{why}: default tree")
-    best: tuple[float, int, int] | None = None
+    best: tuple[float, int, int] | None = None if total_tokens else (ar, top_ks[0], 1)  # 1: drafting does not pay
     for k in top_ks:
         widest = widest_tree(method, k)
         sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
@@ -82,7 +82,7 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
                 best = (rate, k, n)
     rate, k, n = best
     tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta)
-    return MethodChoice(method, tree, rate, rate / ar)
+    return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")
 
 
 def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: dict[str, Acceptance | None],

@@ -75,8 +75,10 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     tree = parser.add_argument_group("draft tree (defaults depend on method and device)")
-    tree.add_argument("--tree-top-k", type=int, help="candidates per expanded node")
-    tree.add_argument("--depth", type=int, help="EAGLE-2: expansion steps; Gumiho: draft depth minus 1")
+    tree.add_argument("--tree-top-k", type=int, help="candidates per expanded node (lookup: earlier matches "
+                      "followed; recycle: table entries per node, at most 16)")
+    tree.add_argument("--depth", type=int, help="EAGLE-2: expansion steps; Gumiho: draft depth minus 1; lookup, "
+                      "recycle: draft depth")
     tree.add_argument("--total-tokens", type=total_tokens, help="nodes verified per cycle, root included (default "
                       "'auto': chosen from this machine's profile and the drafter's acceptance statistics)")
     tree.add_argument("--mlptopk", type=int, help="Gumiho: candidates per MLP head and branch")
@@ -91,6 +93,9 @@ def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     tree.add_argument("--beams", type=positive, help="MJSD: beams (default 8)")
     tree.add_argument("--tau-acc", type=unit_interval, help="MJSD: accept the longest draft prefix with "
                       "min(1, P/Q) >= this threshold (default 0.9; approximate decoding)")
+    tree.add_argument("--max-ngram", type=positive, help="lookup: the longest suffix of the text looked up "
+                      "earlier in it (default 3)")
+    tree.add_argument("--min-ngram", type=positive, help="lookup: the shortest suffix looked up (default 1)")
 
 
 def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +106,7 @@ def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "total_tokens": args.gamma + 1 if args.gamma else None if args.total_tokens == "auto" else args.total_tokens,
         "mlptopk": args.mlptopk, "pruning": args.pruning, "fta": args.fta,
         "mlp_parent_align": args.mlp_parent_align, "serial_tree_mask": args.serial_tree_mask,
-        "tau_acc": args.tau_acc,
+        "tau_acc": args.tau_acc, "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
     }
 
 

@@ -6,7 +6,9 @@ prefill -> first token (the root). Then, per cycle:
   verify  one target forward over the whole tree (tree attention mask, position ids = depth), then acceptance;
   update  keep the accepted path's KV, emit accepted tokens + the bonus token, hand the drafter the accepted
           nodes' target features.
-Each cycle yields a `CycleTrace`; `Run.trace` holds the `GenerationTrace`.
+After every target forward (the prefill and each verification) the drafter may look at what the target computed
+(`Drafter.observe`; Token Recycling fills its table from it). Each cycle yields a `CycleTrace`; `Run.trace` holds
+the `GenerationTrace`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from .drafters.mjsd import BeamDraft, BeamSearch
 from .errors import GumihoError
 from .kv import keep_accepted
 from .mjsd import describe, mjsd_sampling, verify_joint
-from .packed import pack_linears
 from .sampling import SamplingConfig, pick
 from .target import Target
 from .trace import METHODS, CycleTrace, GenerationTrace, JointCheck, RunSettings, TraceNode, TracePath
@@ -68,11 +69,7 @@ class Engine:
     def add_drafter(self, method: str, drafter: Drafter, name: str = "") -> None:
         if drafter.kind != method:
             raise GumihoError(f"a {drafter.kind} drafter cannot serve method {method}")
-        t = self.target
-        drafter.attach(t.embed_weight, t.head_weight, pack=t.pack)
-        if t.pack:
-            pack_linears(drafter)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
-        self.drafters[method] = drafter.eval()
+        self.drafters[method] = self.target.prepare_drafter(drafter)
         self.drafter_names[method] = name
 
     def token_text(self, token_id: int) -> str:
@@ -129,7 +126,8 @@ class Run:
     def __init__(self, engine: Engine, prompt: str, method: str, config: GenerationConfig,
                  prompt_ids: list[int], tree: TreeSettings | None):
         self.engine, self.method, self.config, self.prompt_ids, self.tree = engine, method, config, prompt_ids, tree
-        self.drafter = engine.drafters.get(method)
+        # A tree of one node is a plain AR step: where drafting does not pay, the drafter is not called at all.
+        self.drafter = engine.drafters.get(method) if tree is not None and tree.total_tokens > 1 else None
         self._stop = False
         target = engine.target
         # MJSD samples with the paper's filters (mjsd.py); the trace records the sampling actually used.
@@ -150,7 +148,7 @@ class Run:
                 seed=config.seed,
                 device=target.device.type,
                 threads=torch.get_num_threads(),
-                dtype=str(target.dtype).removeprefix("torch."),
+                dtype=target.precision,
                 forward=target.forward,
                 choice=engine.choice.summary(method) + "; " + engine.choice.reason if engine.choice else "",
                 approximate=describe(tree, self.sampling) if method == "mjsd" else FTA_NOTE if fta_applied else "",
@@ -201,6 +199,7 @@ class Run:
         new_features, new_tokens = features, torch.cat([prompt[1:], prompt.new_tensor([root])])
         if self.drafter is not None:
             self.drafter.reset()
+            self.drafter.observe(prompt, features)
         if self.method == "mjsd":
             self.drafter.search = BeamSearch(self.sampling, frozenset(target.eos_ids), generator)
         sync_device(device)
@@ -225,9 +224,14 @@ class Run:
                 prefix = torch.ones(tree.size, prefix_len, dtype=torch.bool, device=device)
                 mask = torch.cat([prefix, tree.mask], 1)[None, None]
             features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
-            acceptance, joint = self._accept(tree, target.logits(features), pool, generator)
+            logits = target.logits(features)
+            acceptance, joint = self._accept(tree, logits, pool, generator)
             sync_device(device)
             t2 = time.perf_counter()
+            if self.drafter is not None:  # drafting work, timed with the draft
+                self.drafter.observe(tree.tokens, features, logits, tree.parents)
+                sync_device(device)
+            t3 = time.perf_counter()
 
             nodes = torch.tensor(acceptance.nodes, device=device)
             keep_accepted(cache, prefix_len, nodes)
@@ -243,7 +247,7 @@ class Run:
                 accepted_tokens=accepted_tokens,
                 bonus_token=acceptance.bonus,
                 emitted=emitted,
-                draft_ms=(t1 - t0) * 1e3,
+                draft_ms=(t1 - t0 + t3 - t2) * 1e3,
                 verify_ms=(t2 - t1) * 1e3,
                 other_ms=0.0,
                 tree_size=tree.size,
@@ -253,7 +257,7 @@ class Run:
             )
             # Recording the tree below is the trace's cost, not decoding's: other_ms stops before it, so traced and
             # untraced runs time their cycles alike (the wall time still includes it).
-            cycle.other_ms = (time.perf_counter() - t2) * 1e3
+            cycle.other_ms = (time.perf_counter() - t3) * 1e3
             if config.trace:
                 self._record_tree(cycle, tree, acceptance.per_path)
                 trace.steps.append(cycle)

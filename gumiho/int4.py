@@ -113,3 +113,28 @@ class CastMatrix:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+
+
+class Int4Linear(torch.nn.Module):
+    """An inference-only stand-in for an nn.Linear, computing through `Int4Matrix` (no parameters, no grad)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.matrix = Int4Matrix.quantize(linear.weight, None if linear.bias is None else linear.bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matrix(x)
+
+
+def quantize_linears(module: torch.nn.Module) -> int:
+    """Swap every nn.Linear under `module` whose input size is a multiple of 32 for an Int4Linear; returns how
+    many. For inference copies only: the swapped layers no longer train."""
+    swapped = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear) and child.in_features % GROUP == 0:
+            setattr(module, name, Int4Linear(child))
+            swapped += 1
+        else:
+            swapped += quantize_linears(child)
+    return swapped

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from .choice import choose
-from .drafters import DRAFTERS, Drafter, new_drafter, weights_kind
+from .drafters import DRAFTERS, WEIGHT_FREE, Drafter, new_drafter, weight_free, weights_kind
 from .drafters.checkpoint import load_drafter
 from .engine import Engine
 from .errors import GumihoError
@@ -28,23 +28,28 @@ def shipped_drafter(model: str | None, method: str) -> Path | None:
 
 
 def default_drafters(model: str | None, folders: dict[str, str | None] | None = None) -> dict[str, str | None]:
-    """Every method that has weights: EAGLE-2 and Gumiho always (random when none ship), the others when their
-    weights ship for the model or are given. `folders` maps a weights kind to a folder (EAGLE-1 and MJSD draft
-    with the EAGLE-2 folder)."""
+    """Every method that can draft for the model: EAGLE-2 and Gumiho always (random when none ship), the methods
+    without weights (lookup, recycle) always, the others when their weights ship for the model or are given.
+    `folders` maps a weights kind to a folder (EAGLE-1 and MJSD draft with the EAGLE-2 folder)."""
     folders = folders or {}
     return {m: folders.get(weights_kind(m)) for m in DRAFTED_METHODS
-            if m in ("eagle2", "gumiho") or folders.get(weights_kind(m)) or shipped_drafter(model, m)}
+            if m in ("eagle2", "gumiho", *WEIGHT_FREE) or folders.get(weights_kind(m)) or shipped_drafter(model, m)}
 
 
 def load_drafters(target: Target, model: str | None, drafters: dict[str, str | None] | None,
                   seed: int = 0) -> dict[str, tuple[Drafter, str]]:
     """method -> (drafter, name). `drafters` maps a method to a folder or Hub id (ours or an official checkpoint),
-    or None for the shipped one (random weights when none ships). The default: EAGLE-2 and Gumiho, and every
-    other method whose weights ship for the model."""
+    or None for the shipped one (random weights when none ships); the methods without weights take None (their
+    name is ""). The default: `default_drafters`."""
     out = {}
     for method, folder in (default_drafters(model) if drafters is None else drafters).items():
         if method not in DRAFTED_METHODS:
             raise GumihoError(f"{method} is not a drafted method; choose from {', '.join(DRAFTED_METHODS)}")
+        if method in WEIGHT_FREE:
+            if folder is not None:
+                raise GumihoError(f"{method} drafts without weights: it takes no drafter folder (got {folder})")
+            out[method] = weight_free(method, target.model.config), ""
+            continue
         path = folder or shipped_drafter(model, method)
         if path is not None:  # our folder format or an official checkpoint, local or a Hub id
             out[method] = load_drafter(str(path), method, target.embed_weight, target.model.config), str(path)

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from .drafters import Drafter
 from .int4 import int4_available
-from .packed import pack_linears, packing_enabled, packs
+from .packed import packing_enabled, packs
 from .static_tree import STATIC_METHODS
 from .target import Target, cache_root
 from .tree import TreeSettings, build_tree
@@ -154,13 +154,9 @@ def target_for(base: Target, path: ExecPath) -> Target:
                   eos_ids=base.eos_ids, forward=path.forward, pack=path.pack, int4=path.dtype == "int4")
 
 
-def drafter_for(drafter: Drafter, target: Target, pack: bool) -> Drafter:
-    """A copy of `drafter` attached to `target` (its dtype), packed or not."""
-    copy_ = copy.deepcopy(drafter)
-    copy_.attach(target.embed_weight, target.head_weight, pack=pack)
-    if pack:
-        pack_linears(copy_)
-    return copy_.eval()
+def drafter_for(drafter: Drafter, target: Target) -> Drafter:
+    """A copy of `drafter` made ready for `target`, as an engine on that path would run it."""
+    return target.prepare_drafter(copy.deepcopy(drafter))
 
 
 # --- the profile -----------------------------------------------------------------------------------------------------
@@ -278,20 +274,29 @@ class VerifyTimer:
 
 
 class DraftTimer:
-    """One drafter's `propose` + tree build after a 256-token prefix, three newly accepted tokens each call."""
+    """One drafter's draft work in a cycle after a 256-token prefix, three newly accepted tokens each call: what it
+    observes of the previous verification (`Drafter.observe`, counted as drafting by the engine too), `propose`
+    and the tree build. The last tokens repeat earlier ones, so that lookup finds matches and the recycling table
+    has rows to draft from."""
 
     def __init__(self, target: Target, drafter: Drafter, method: str, ids: torch.Tensor, features: torch.Tensor):
-        """`features` [260, H]: the target's features for `ids` (any path's: the cost does not depend on them)."""
+        """`ids` [260] (its last three repeating earlier ones), `features` [260, H]: the target's features for `ids`
+        (any path's: the cost does not depend on them)."""
         self.ids, self.features = ids.to(target.device), features.to(target.device, target.dtype)
-        self.drafter, self.method, self.device = drafter, method, target.device
+        self.target, self.drafter, self.method, self.device = target, drafter, method, target.device
 
     @torch.inference_mode()
     def __call__(self, top_k: int) -> float:
         tree, drafter = widest_tree(self.method, top_k), self.drafter
         drafter.reset()
+        drafter.observe(self.ids[:256], self.features[:256])
         drafter.propose(self.features[:256], self.ids[1:257], tree)
+        verified = slice(256, 256 + min(tree.total_tokens, 4))  # a previous verification's rows, as a chain
+        parents = list(range(-1, verified.stop - verified.start - 1))
+        logits = self.target.logits(self.features[verified])  # the verification's work, not the draft's
         _sync(self.device)
         start = time.perf_counter()
+        drafter.observe(self.ids[verified], self.features[verified], logits, parents)
         pool = drafter.propose(self.features[256:259], self.ids[257:260], tree)
         build_tree(int(self.ids[259]), pool, tree.total_tokens, self.device)
         _sync(self.device)
@@ -339,9 +344,10 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     runners = [target_for(target, path) for path in paths]
     verify = [[VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
     ids = torch.randint(target.vocab_size, (260,), generator=torch.Generator().manual_seed(1)).to(target.device)
+    ids[254:260] = ids[100:106].clone()  # a repeat, so that lookup matches and recycling has table rows
     features = target.features(ids, target.new_cache())
-    draft = [{m: DraftTimer(r, drafter_for(d, r, p.pack), m, ids, features) for m, d in sorted(drafters.items())}
-             for r, p in zip(runners, paths)]
+    draft = [{m: DraftTimer(r, drafter_for(d, r), m, ids, features) for m, d in sorted(drafters.items())}
+             for r in runners]
     warm = [[{} for _ in KV_LENGTHS] for _ in paths]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
     draft_ms = [{m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for _ in paths]

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from .errors import GumihoError
 from .gguf_blocks import q4_1_blocks
-from .int4 import CastMatrix, int4_available
+from .int4 import CastMatrix, int4_available, quantize_linears
 from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
@@ -227,6 +227,18 @@ class Target:
             use_cache=True,
         )
         return out.last_hidden_state[0]
+
+    def prepare_drafter(self, drafter):
+        """Attach `drafter` to this target (its embedding and lm_head, its dtype) and give it the same kind of
+        matmuls for inference: oneDNN-packed fp32 where `pack`, 4-bit on the int4 path (its draft head included:
+        a draft only has to rank tokens, never to match the target's logits). Returns it in eval mode."""
+        drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
+        if self.int4:
+            quantize_linears(drafter)
+            drafter.quantize_head()
+        elif self.pack:
+            pack_linears(drafter)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
+        return drafter.eval()
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self._head(features).float()

@@ -6,8 +6,9 @@ settings.approximate and a cycle's joint came later within version 2 and read as
 
 GenerationTrace
   schema            int, 2
-  method            one of METHODS ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd")
-  model, drafter    names / paths ("" for AR)
+  method            one of METHODS ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd", "lookup",
+                    "recycle")
+  model, drafter    names / paths ("" for AR and the methods without weights, lookup and recycle)
   prompt            the user text; prompt_tokens: its length in tokens after the chat template
   settings          RunSettings: sampling {temperature, top_p, top_k}, tree (TreeSettings or null), fta_applied,
                     max_new_tokens, chat, seed, device, threads, dtype, forward ("lean" | "transformers"),
@@ -27,8 +28,8 @@ CycleTrace
   index             0-based cycle number
   nodes             list[TraceNode]: id (0 = root), token_id, text, parent (-1 for the root), depth,
                     score (cumulative draft log-prob), source ("root", "serial-1", "serial-2", "mlp-3".."mlp-7",
-                    "eagle-<depth>", "medusa-<depth>", "hydra-<depth>", "mjsd-<depth>"); the AR loop's tree is its
-                    root alone (MJSD's is a chain)
+                    "eagle-<depth>", "medusa-<depth>", "hydra-<depth>", "mjsd-<depth>", "lookup", "recycle"); the
+                    AR loop's tree is its root alone (MJSD's is a chain; lookup's too when nothing matched)
   paths             list[TracePath]: nodes (ids root to leaf, FTA-filled included), filled (one flag per
                     position: borrowed by FTA), accepted (draft tokens of this path the target accepted)
   accepted_nodes    node ids of the accepted path, root first
@@ -40,8 +41,9 @@ CycleTrace
                     joint probability of the prefix), q (Q_i, its beam probability), ratio min(1, P_i / Q_i) and
                     passed (ratio >= settings.tree.tau_acc); the accepted length is the largest passing i
   tree_size, tree_depth   nodes verified (root included) and the deepest node's depth (0 for the AR loop)
-  draft_ms, verify_ms, other_ms   wall time drafting, in the target forward + acceptance, and the rest of
-                                  the cycle (KV compaction, bookkeeping; recording the trace itself excluded)
+  draft_ms, verify_ms, other_ms   wall time drafting (the drafter's `observe` of the verification included),
+                                  in the target forward + acceptance, and the rest of the cycle (KV compaction,
+                                  bookkeeping; recording the trace itself excluded)
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 2
-METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd")  # the papers' order after AR; MJSD (approximate) last
+# The papers' order after AR, then MJSD (approximate), then the methods that draft without trained weights.
+METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd", "lookup", "recycle")
 DRAFTED_METHODS = tuple(m for m in METHODS if m != "ar")
+WEIGHT_FREE_METHODS = ("lookup", "recycle")  # prompt lookup, Token Recycling: no drafter folder (drafters.WEIGHT_FREE)
 METHOD_NAMES = {"ar": "AR", "medusa": "Medusa", "hydra": "Hydra", "eagle1": "EAGLE", "eagle2": "EAGLE-2",
-                "gumiho": "Gumiho", "mjsd": "MJSD"}
+                "gumiho": "Gumiho", "mjsd": "MJSD", "lookup": "Prompt lookup", "recycle": "Token Recycling"}
 READABLE_SCHEMAS = (1, 2)
 
 

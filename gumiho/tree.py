@@ -14,6 +14,8 @@ import torch
 
 from .static_tree import CHOICES, choices_for, layout
 
+RECYCLE_WIDTH = 16  # Token Recycling: next tokens its table keeps per token, so the widest top_k of its trees
+
 
 @dataclass
 class DraftPool:
@@ -180,6 +182,11 @@ class TreeSettings:
 
     MJSD (docs/design.md §16) drafts one chain of γ = `depth` tokens with B = `top_k` beams and verifies all of it
     (total_tokens = depth + 1); `tau_acc`, its acceptance threshold, is set for MJSD only.
+
+    The draft-free methods (docs/design.md §17) draft trees of at most `depth` tokens per path. Prompt lookup
+    (`lookup`) merges the continuations of up to `top_k` earlier matches of the sequence's last `max_ngram` down to
+    `min_ngram` tokens (set for lookup only); Token Recycling (`recycle`) gives each node the `top_k` tokens its
+    table lists after the node's token (at most RECYCLE_WIDTH).
     """
 
     top_k: int
@@ -191,11 +198,15 @@ class TreeSettings:
     mlp_parent_align: bool = True
     serial_tree_mask: bool = True
     tau_acc: float | None = None
+    max_ngram: int | None = None
+    min_ngram: int | None = None
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
         if method == "mjsd":  # the paper's runs, on every device
             return cls(top_k=8, depth=4, total_tokens=5, tau_acc=0.9)
+        if method in DRAFT_FREE:
+            return DRAFT_FREE[method](cls, device_type)
         if method in CHOICES:  # the official static tree: all of it on a GPU, its first 11 nodes on a CPU
             paths = choices_for(method)
             depth = max(len(p) for p in paths)
@@ -232,6 +243,10 @@ class TreeSettings:
             return len(choices_for(method, self.depth))
         if method == "mjsd":  # the top beam's chain
             return self.depth
+        if method == "lookup":  # a trie of up to top_k continuations of up to `depth` tokens each
+            return self.top_k * self.depth
+        if method == "recycle":  # the table's top_k under the root, then top_k children of each of the top_k best
+            return self.top_k + (self.depth - 1) * self.top_k**2
         if method != "gumiho":
             return self.top_k + self.depth * self.top_k**2
         size, branches = 2 * self.top_k, self.top_k  # serial-1, serial-2; then a beam per MLP head
@@ -256,10 +271,45 @@ class TreeSettings:
                 raise GumihoError(f"mjsd verifies its whole draft: total-tokens must be gamma + 1 = {self.depth + 1}")
         elif self.tau_acc is not None:
             raise GumihoError("tau-acc is an MJSD option; leave it unset for " + method)
+        if method == "recycle" and self.top_k > RECYCLE_WIDTH:
+            raise GumihoError(f"recycle's table keeps {RECYCLE_WIDTH} next tokens per token: top-k must be at most "
+                              f"{RECYCLE_WIDTH}, got {self.top_k}")
+        if method == "lookup":
+            if self.max_ngram is None or self.min_ngram is None or not 1 <= self.min_ngram <= self.max_ngram:
+                raise GumihoError(f"lookup needs 1 <= min-ngram <= max-ngram, got min-ngram {self.min_ngram} and "
+                                  f"max-ngram {self.max_ngram}")
+        elif self.max_ngram is not None or self.min_ngram is not None:
+            raise GumihoError("max-ngram and min-ngram are lookup options; leave them unset for " + method)
         if self.pool_size(method) < self.total_tokens - 1:
             raise GumihoError(
                 f"total-tokens {self.total_tokens} exceeds the {self.pool_size(method)} candidates this tree drafts"
             )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, without the n-gram sizes where they are unset (every method but lookup), so the trees of
+        the other methods read as they did before lookup existed (traces, bench journals)."""
+        data = asdict(self)
+        for name in ("max_ngram", "min_ngram"):
+            if data[name] is None:
+                del data[name]
+        return data
+
+
+def _lookup_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
+    """Prompt lookup: the n-gram sizes of the reference implementation (3 down to 1) on every device. The tree
+    follows up to 4 matches (8 on a GPU) for up to 6 tokens (8 on a GPU): a match usually continues for a while.
+    On a CPU every verified token costs time, so only 8 are verified."""
+    if device_type == "cuda":
+        return cls(top_k=8, depth=8, total_tokens=32, max_ngram=3, min_ngram=1)
+    return cls(top_k=4, depth=6, total_tokens=8, max_ngram=3, min_ngram=1)
+
+
+def _recycle_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
+    """Token Recycling: 8 children per node and 6 levels on a GPU, where verifying 64 tokens costs about one; on a
+    CPU, 4 children, 5 levels and 8 verified tokens."""
+    if device_type == "cuda":
+        return cls(top_k=8, depth=6, total_tokens=64)
+    return cls(top_k=4, depth=5, total_tokens=8)
+
+
+DRAFT_FREE = {"lookup": _lookup_default, "recycle": _recycle_default}  # method -> its default tree per device

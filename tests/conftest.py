@@ -35,7 +35,8 @@ def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: fl
                   dtype=torch.float32, eos_ids=set())
 
 
-DRAFTED = ("medusa", "hydra", "eagle1", "eagle2", "gumiho")  # the methods a tiny engine has drafters for
+# The methods a tiny engine has drafters for (lookup and recycle have no weights).
+DRAFTED = ("medusa", "hydra", "eagle1", "eagle2", "gumiho", "lookup", "recycle")
 
 
 def random_drafter(kind: str, target: Target, seed: int = 0, scale: float = 0.3) -> Drafter:

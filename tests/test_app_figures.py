@@ -330,7 +330,7 @@ def test_shipped_examples_are_valid_races_of_every_method():
 def test_lesson_has_its_figures_in_order():
     parts = lesson_parts()
     assert [name for _, name in parts] == ["tree-gumiho", "tree-eagle2", "calculator", "timing", "tree-medusa",
-                                           "tree-hydra", "tree-eagle1", "tree-mjsd"]
+                                           "tree-hydra", "tree-eagle1", "tree-mjsd", "tree-lookup", "tree-recycle"]
     assert all(text for text, _ in parts)
     assert r"\sum_{k=1}^{K} \prod_{i \le k} p_i" in parts[2][0]
 

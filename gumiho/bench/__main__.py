@@ -83,8 +83,12 @@ def drafter_folders(args: argparse.Namespace) -> dict[str, str | None]:
 
 def choose_trees(engine, args) -> dict:
     """The tree per drafter method: the engine's automatic choice (per method), or --total-tokens / --tree-top-k for
-    every drafter alike (a static tree takes at most its own size; MJSD keeps its own beams and chain)."""
+    every drafter alike (a static tree takes at most its own size, and so does a lookup or recycle tree: what its
+    shape can draft; MJSD keeps its own beams and chain)."""
+    from dataclasses import replace
+
     from ..static_tree import STATIC_METHODS, capped_total
+    from ..trace import WEIGHT_FREE_METHODS
     from ..tree import TreeSettings
 
     trees = {}
@@ -93,6 +97,8 @@ def choose_trees(engine, args) -> dict:
         total = None if args.total_tokens == "auto" else args.total_tokens
         if m in STATIC_METHODS and total is not None:
             total = capped_total(m, base.depth, total)
+        if m in WEIGHT_FREE_METHODS and total is not None:
+            total = min(total, replace(base, top_k=args.tree_top_k or base.top_k).pool_size(m) + 1)
         overrides = {} if m == "mjsd" else {"total_tokens": total, "top_k": args.tree_top_k}
         trees[m] = TreeSettings.resolve(m, engine.target.device.type, overrides, base=base)
     return trees
@@ -136,7 +142,8 @@ def run_identity(engine, args: argparse.Namespace, settings: BenchSettings) -> d
 
     questions = [[q.dataset, q.question_id, q.turns] for name in settings.datasets
                  for q in load_questions(name, settings.data_dir, settings.limit)]
-    machine = describe(engine.target.device, engine.target.dtype, engine.target.pack, engine.target.forward)
+    machine = describe(engine.target.device, engine.target.dtype, engine.target.pack, engine.target.forward,
+                       engine.target.int4)
     return {"settings": {k: v for k, v in settings.to_dict().items() if k != "data_dir"},
             "prompts": hashlib.sha256(json.dumps(questions).encode()).hexdigest()[:16],
             "methods": list(args.methods), "total_tokens": args.total_tokens, "tree_top_k": args.tree_top_k,
@@ -165,7 +172,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     from .report import speed_table, write
     from .cost_curve import CostCurve, measure_cost_curve
     from ..target import DEFAULT_MODEL
-    from .reference import TransformersReference, reference_dtype
+    from .reference import TransformersReference, baseline_dtype, reference_dtype
 
     target = engine.target
     name = run_name(args, target.device.type)
@@ -188,7 +195,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
             journal.begin()
         cost = CostCurve(**journal.setup["cost_curve"])
         trees = {m: TreeSettings(**t) for m, t in journal.setup["trees"].items()}
-        variants = make_variants(args.methods, trees, str(target.dtype).removeprefix("torch."))
+        variants = make_variants(args.methods, trees, baseline_dtype(target))
         needs_reference = any(reference_dtype(v.name) for v in variants)
         reference = TransformersReference(target, args.model or DEFAULT_MODEL) if needs_reference else None
         per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress, done=journal.done,
@@ -203,7 +210,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
         "command": "python -m gumiho bench " + shlex.join(a for a in argv if a != "--resume"),
         "duration_s": round(journal.duration_s(), 1),
         "segments": journal.segments(),
-        "machine": describe(target.device, target.dtype, target.pack, target.forward),
+        "machine": describe(target.device, target.dtype, target.pack, target.forward, target.int4),
         "load": load.summary(torch.get_num_threads(), earlier=journal.earlier_load()),
         "model": target.name,
         "drafters": dict(engine.drafter_names),

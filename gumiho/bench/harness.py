@@ -26,7 +26,7 @@ from .metrics import prompt_row
 from .reference import TransformersReference, reference_dtype, reference_name
 
 REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16")
-DRAFTED = DRAFTED_METHODS  # the papers' order; a lossy method (MJSD) last
+DRAFTED = DRAFTED_METHODS  # the papers' order, the lossy MJSD after them, then the draft-free lookup and recycle
 DEFAULT_VARIANTS = ("transformers", "ar", *(v for m in DRAFTED for v in ((m, "gumiho+fta") if m == "gumiho" else (m,))))
 VARIANTS = (*DEFAULT_VARIANTS, *REFERENCES[1:])
 

@@ -7,22 +7,29 @@ from dataclasses import replace
 import torch
 
 from ..errors import GumihoError
-from .base import Drafter, FeatureDrafter, HeadDrafter
+from ..trace import WEIGHT_FREE_METHODS
+from .base import Drafter, FeatureDrafter, HeadDrafter, WeightFreeDrafter
 from .config import DrafterConfig
 from .eagle1 import Eagle1Drafter
 from .eagle2 import Eagle2Drafter
 from .gumiho import GumihoDrafter
 from .hydra import HydraDrafter
+from .lookup import LookupDrafter
 from .medusa import MedusaDrafter
 from .mjsd import MjsdDrafter
+from .recycle import RecycleDrafter
 
 DRAFTERS: dict[str, type[Drafter]] = {"medusa": MedusaDrafter, "hydra": HydraDrafter, "eagle2": Eagle2Drafter,
                                       "gumiho": GumihoDrafter}
 # Methods that draft with another method's trained network: method -> (its drafter class, the weights' kind).
 BORROWED: dict[str, type[Drafter]] = {"eagle1": Eagle1Drafter, "mjsd": MjsdDrafter}
+# Methods that draft without trained weights (docs/design.md §17): available for any model, no folder to load.
+WEIGHT_FREE: dict[str, type[WeightFreeDrafter]] = {"lookup": LookupDrafter, "recycle": RecycleDrafter}
+assert tuple(WEIGHT_FREE) == WEIGHT_FREE_METHODS
 
-__all__ = ["BORROWED", "DRAFTERS", "Drafter", "DrafterConfig", "Eagle1Drafter", "Eagle2Drafter", "FeatureDrafter",
-           "GumihoDrafter", "HeadDrafter", "HydraDrafter", "MedusaDrafter", "MjsdDrafter", "for_method", "new_drafter",
+__all__ = ["BORROWED", "DRAFTERS", "WEIGHT_FREE", "Drafter", "DrafterConfig", "Eagle1Drafter", "Eagle2Drafter",
+           "FeatureDrafter", "GumihoDrafter", "HeadDrafter", "HydraDrafter", "LookupDrafter", "MedusaDrafter",
+           "MjsdDrafter", "RecycleDrafter", "WeightFreeDrafter", "for_method", "new_drafter", "weight_free",
            "weights_kind"]
 
 
@@ -44,6 +51,13 @@ def for_method(drafter: Drafter, method: str) -> Drafter:
     twin.load_state_dict(drafter.state_dict())
     twin.acceptance = drafter.acceptance_for.get(method)
     return twin.eval()
+
+
+def weight_free(method: str, target_config) -> WeightFreeDrafter:
+    """The drafter of a method without weights (`WEIGHT_FREE`), shaped for `target_config` (a transformers config)."""
+    if method not in WEIGHT_FREE:
+        raise GumihoError(f"{method} is not a weight-free method; those are {', '.join(WEIGHT_FREE)}")
+    return WEIGHT_FREE[method](DrafterConfig.for_target(method, target_config)).eval()
 
 
 def new_drafter(kind: str, target_config, seed: int = 0, **overrides) -> Drafter:

@@ -6,7 +6,8 @@ accepted position; `propose` drafts a `DraftPool` under the last token (the root
 target's KV cache. `Drafter` is the base of every drafter. `FeatureDrafter` (EAGLE, Gumiho) adds the fc +
 decoder-layer Transformer and its own KV cache, which holds only the accepted prefix: `propose` appends the new
 pairs to it first. `HeadDrafter` (Medusa, Hydra) has heads on the target's last feature instead, drafting a static
-tree, and keeps nothing between cycles.
+tree, and keeps nothing between cycles. `WeightFreeDrafter` (prompt lookup, Token Recycling) has no network: it drafts
+from the tokens seen so far, or from what the target itself predicted (`observe`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 
 from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
+from ..int4 import Int4Matrix
 from ..packed import PackedMatrix
 from ..static_tree import layout
 from ..tree import DraftPool, TreeSettings
@@ -62,6 +64,10 @@ class Drafter(nn.Module):
         self._head = PackedMatrix(self.head_weight, pack=pack)
         return self
 
+    def quantize_head(self) -> None:
+        """Rank draft tokens with a 4-bit copy of the draft head (the int4 path: `Target.prepare_drafter`)."""
+        self._head = Int4Matrix.quantize(self.head_weight)
+
     def use_full_vocab(self) -> Drafter:
         """Propose from the target's whole vocabulary. The draft head is the target's lm_head restricted to the
         draft vocabulary, so a drafter trained with one runs on all of it: this measures what the restriction
@@ -98,6 +104,17 @@ class Drafter(nn.Module):
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         raise NotImplementedError
 
+    def observe(self, tokens: torch.Tensor, features: torch.Tensor, logits: torch.Tensor | None = None,
+                parents: list[int] | None = None) -> None:
+        """What the target just computed; the engine calls it after every target forward (a no-op by default).
+
+        tokens [n]: the forward's input tokens; features [n, H] (and logits [n, V], when the engine computed them)
+        are the target's output at each, predicting the token after it. `parents` None: a stretch of the sequence
+        (the prefill, over the prompt; logits None, since the engine computes only the last position's, and a
+        drafter that wants them applies `head_logits` to the rows it needs). Else the verification of a draft
+        tree in tree order: parents[i] is node i's parent (-1 for node 0, the root), and node i's output predicts
+        the token after it *on its own branch*. Called before the accepted pairs reach `propose`."""
+
     def check_tree(self, tree: TreeSettings) -> None:
         """Raise GumihoError when this drafter cannot draft a tree of this shape (checked before a run starts)."""
 
@@ -112,11 +129,12 @@ class Drafter(nn.Module):
 
     @classmethod
     def from_config(cls, config: DrafterConfig) -> Drafter:
-        from . import DRAFTERS
+        from . import DRAFTERS, WEIGHT_FREE
 
-        if config.kind not in DRAFTERS:
+        kinds = {**DRAFTERS, **WEIGHT_FREE}
+        if config.kind not in kinds:
             raise GumihoError(f"unknown drafter kind {config.kind!r}")
-        return DRAFTERS[config.kind](config)
+        return kinds[config.kind](config)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> Drafter:
@@ -216,3 +234,19 @@ class HeadDrafter(Drafter):
             state[name] = old
         grown.load_state_dict(state)
         return grown.eval()
+
+
+class WeightFreeDrafter(Drafter):
+    """A drafter without a network or files (prompt lookup, Token Recycling; docs/design.md §17). Its config only
+    records the target's sizes, so that it attaches like any drafter; it never uses the draft vocabulary. Its pool
+    is scored so that a child never ranks above its parent, as `tree.build_tree` requires."""
+
+    def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, pack: bool = True) -> Drafter:
+        # No oneDNN-packed copy of the lm_head: at most a few prompt rows per generation go through it.
+        return super().attach(embed_weight, head_weight, pack=False)
+
+    def quantize_head(self) -> None:
+        """No 4-bit copy of the lm_head either (the int4 path): the plain one serves those few rows."""
+
+    def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+        raise GumihoError(f"{self.kind} has no weights to save")

@@ -8,14 +8,16 @@ from ..errors import GumihoError
 
 # kind -> (decoder layers, heads, blocks per head) of a new drafter. Medusa and Hydra have no Transformer: their 4
 # heads of one residual block each (the papers' defaults) read the target's own last feature.
-SHAPES = {"eagle2": (1, 0, 5), "gumiho": (2, 5, 5), "medusa": (0, 4, 1), "hydra": (0, 4, 1)}
+# The draft-free methods (lookup, recycle) have no network: their config only records the target's sizes.
+SHAPES = {"eagle2": (1, 0, 5), "gumiho": (2, 5, 5), "medusa": (0, 4, 1), "hydra": (0, 4, 1), "lookup": (0, 0, 0),
+          "recycle": (0, 0, 0)}
 
 
 @dataclass
 class DrafterConfig:
     """The numbers a drafter is built from; `for_target` copies the target's layer shape."""
 
-    kind: str  # "eagle2" | "gumiho" | "medusa" | "hydra"
+    kind: str  # "eagle2" | "gumiho" | "medusa" | "hydra" | "lookup" | "recycle" (no weights)
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int

@@ -1,0 +1,106 @@
+"""Token Recycling (arXiv 2408.08696): draft from the target's own earlier predictions, kept in a table (no weights).
+
+The table maps each token to the TABLE_WIDTH tokens the target ranked highest after it, with their log-probs, the
+last time the target ran on that token: after the prefill from the prompt's rows (its last PROMPT_ROWS
+positions), and after every verification from every node of the tree, accepted or not (the candidates the papers
+call recycled). A token whose row was written twice keeps the later write; within one forward, the later node.
+
+Drafting is a beam through the table, as EAGLE-2 grows its tree (docs/design.md §3.1, §17): the root's `top_k`
+table entries form depth 1; at each further depth the `top_k` best open nodes by cumulative log-prob each get their
+`top_k` entries, up to `tree.depth` tokens deep. A token never seen has no row and no children; with an empty root
+row the pool is empty and the cycle is a plain decoding step. The scores are the recorded log-probs summed along
+the path, so a child never scores above its parent.
+
+Memory: two dense [vocab, TABLE_WIDTH] tensors (int32 ids, fp32 log-probs): 6.3 MB for a 49,152-token vocabulary.
+The table starts empty for every generation, so a run is reproducible and never shows another prompt's tokens;
+`hot_start=True` keeps it from one generation to the next, as the paper does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import GumihoError
+from ..tree import RECYCLE_WIDTH, DraftPool, TreeSettings
+from .base import WeightFreeDrafter
+
+TABLE_WIDTH = RECYCLE_WIDTH  # next tokens kept per token: the widest top_k a recycle tree may use
+PROMPT_ROWS = 512  # prompt positions whose logits fill the table after the prefill (the last ones)
+CHUNK = 128  # prompt rows per lm_head call
+SOURCE = "recycle"
+
+
+class RecycleDrafter(WeightFreeDrafter):
+    kind = "recycle"
+
+    def __init__(self, config, hot_start: bool = False):
+        super().__init__(config)
+        self.hot_start = hot_start
+        self.width = min(TABLE_WIDTH, config.vocab_size)
+        self.next_ids: torch.Tensor | None = None  # [vocab, width] int32, -1 where the token was never seen
+        self.next_logp: torch.Tensor | None = None  # [vocab, width] fp32, the target's log-probs of next_ids
+
+    # --- the table ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def reset(self) -> None:
+        if self.next_ids is not None and not self.hot_start:
+            self.next_ids.fill_(-1)
+            self.next_logp.fill_(float("-inf"))
+
+    def _table(self, device: torch.device) -> None:
+        if self.next_ids is None or self.next_ids.device != device:
+            vocab = self.config.vocab_size
+            self.next_ids = torch.full((vocab, self.width), -1, dtype=torch.int32, device=device)
+            self.next_logp = torch.full((vocab, self.width), float("-inf"), dtype=torch.float32, device=device)
+
+    def observe(self, tokens: torch.Tensor, features: torch.Tensor, logits: torch.Tensor | None = None,
+                parents: list[int] | None = None) -> None:
+        if logits is None:  # the prefill: the lm_head over the prompt's last rows, a chunk at a time
+            tokens, features = tokens[-PROMPT_ROWS:], features[-PROMPT_ROWS:]
+            for start in range(0, tokens.shape[0], CHUNK):
+                self.record(tokens[start:start + CHUNK], self.head_logits(features[start:start + CHUNK]))
+        else:
+            self.record(tokens, logits)
+
+    @torch.inference_mode()
+    def record(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """Write the row of each of `tokens` [n] from the target's `logits` [n, vocab] after it; of repeated
+        tokens, the last one's row is kept."""
+        self._table(tokens.device)
+        logits = logits.float()
+        values, ids = torch.topk(logits, self.width, dim=-1)
+        logp = (values - torch.logsumexp(logits, -1, keepdim=True)).clamp(max=0.0)
+        unique, inverse = torch.unique(tokens, return_inverse=True)
+        last = torch.full((unique.shape[0],), -1, dtype=torch.long, device=tokens.device)
+        last.scatter_reduce_(0, inverse, torch.arange(tokens.shape[0], device=tokens.device), "amax")
+        self.next_ids[unique] = ids[last].to(torch.int32)
+        self.next_logp[unique] = logp[last]
+
+    # --- drafting -------------------------------------------------------------------------------------------------
+    def check_tree(self, tree: TreeSettings) -> None:
+        if tree.top_k > self.width:
+            raise GumihoError(f"recycle's table keeps {self.width} next tokens per token: top-k must be at most "
+                              f"{self.width}, got {tree.top_k}")
+
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
+        pool = DraftPool()
+        if self.next_ids is None:
+            return pool
+        k, device = min(tree.top_k, self.width), self.next_ids.device
+        open_tok = tokens[-1:].to(device).long()  # the root
+        open_score = torch.zeros(1, device=device)
+        open_idx = torch.full((1,), -1, dtype=torch.long, device=device)
+        for depth in range(1, tree.depth + 1):
+            children = self.next_ids[open_tok, :k]  # [open, k]
+            scores = open_score[:, None] + self.next_logp[open_tok, :k]
+            seen = children >= 0
+            if not bool(seen.any()):
+                break
+            children, scores = children[seen].long(), scores[seen]
+            parents = open_idx[:, None].expand(-1, k)[seen]
+            indices = pool.add(children, parents, scores, SOURCE, depth)
+            if depth == tree.depth:
+                break
+            best = torch.topk(scores, min(k, scores.shape[0])).indices
+            open_tok, open_score, open_idx = children[best], scores[best], indices[best]
+        return pool
