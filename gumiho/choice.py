@@ -41,6 +41,7 @@ class Choice:
     methods: dict[str, MethodChoice]
     reason: str  # why this path: the alternatives' expected speeds
     units: str = ""  # the hardware behind a half-precision path ("AMX", "AVX512-BF16", "GPU")
+    cost: PathCost | None = None  # the chosen path's measured costs (per-cycle sizing reads T(n) from it)
 
     def summary(self, method: str) -> str:
         units = self.path.dtype in ("bfloat16", "float16") and self.units
@@ -69,7 +70,8 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
     top_ks = [top_k] if top_k else sorted(cost.draft_ms.get(method, {}))
     top_ks = [k for k in top_ks if known and k in acceptance.prefix_ranks and k in cost.draft_ms[method]]
     if not top_ks:
-        tree = replace(base, **{k: v for k, v in (("top_k", top_k), ("total_tokens", total_tokens)) if v})
+        tree = replace(base, **{k: v for k, v in (("top_k", top_k), ("total_tokens", total_tokens)) if v},
+                       sized=not total_tokens and method != "mjsd")
         why = "no acceptance statistics for this drafter" if acceptance is None else "top_k not profiled"
         return MethodChoice(method, tree, ar, 1.0, f"{why}: default tree")
     best: tuple[float, int, int] | None = None if total_tokens else (ar, top_ks[0], 1)  # 1: drafting does not pay
@@ -81,7 +83,8 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
             if best is None or rate > best[0]:
                 best = (rate, k, n)
     rate, k, n = best
-    tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta)
+    tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge,
+                   sized=not total_tokens and method != "mjsd" and n > 1)
     return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")
 
 
@@ -111,4 +114,4 @@ def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: d
     cost, chosen = plans[0]
     others = "; ".join(f"{c.path.label} {p[lead].tokens_per_s:.1f}" for c, p in plans)
     reason = f"expected {METHOD_NAMES.get(lead, lead)} tokens/s per path: {others}"
-    return Choice(path=cost.path, methods=chosen, reason=reason, units=units)
+    return Choice(path=cost.path, methods=chosen, reason=reason, units=units, cost=cost)

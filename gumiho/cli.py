@@ -69,8 +69,8 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive, help="CPU threads for torch (default: all cores)")
     parser.add_argument("--dtype", type=dtype_name, default="auto",
                         help="auto (default: the fastest path in this machine's profile, measured once and cached), "
-                             "float32, bfloat16 or float16. bfloat16 on a CPU without bf16 units runs, slowly, "
-                             "with a warning")
+                             "float32, bfloat16, float16, or int4 (4-bit weights; CPU). bfloat16 on a CPU without "
+                             "bf16 units runs with a warning")
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser) -> None:

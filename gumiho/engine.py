@@ -20,12 +20,11 @@ from typing import Iterator
 import torch
 
 from .choice import Choice
-from .drafters import Drafter
-from .drafters.mjsd import BeamDraft, BeamSearch
+from .drafters import Drafter, weight_free
 from .errors import GumihoError
 from .kv import keep_accepted
-from .mjsd import describe, mjsd_sampling, verify_joint
 from .sampling import SamplingConfig, pick
+from .sizing import Sizer
 from .target import Target
 from .trace import METHODS, CycleTrace, GenerationTrace, JointCheck, RunSettings, TraceNode, TracePath
 from .tree import DraftPool, DraftTree, TreeSettings, build_tree
@@ -126,13 +125,25 @@ class Run:
     def __init__(self, engine: Engine, prompt: str, method: str, config: GenerationConfig,
                  prompt_ids: list[int], tree: TreeSettings | None):
         self.engine, self.method, self.config, self.prompt_ids, self.tree = engine, method, config, prompt_ids, tree
+        method_drafter = engine.drafters.get(method)
         # A tree of one node is a plain AR step: where drafting does not pay, the drafter is not called at all.
-        self.drafter = engine.drafters.get(method) if tree is not None and tree.total_tokens > 1 else None
+        self.drafter = method_drafter if tree is not None and tree.total_tokens > 1 else None
+        # SAM-Decoding's switch (tree.lookup_merge): a cycle whose text repeats earlier text verifies prompt lookup's
+        # tree instead; the drafter's pairs wait for the next cycle it drafts.
+        self.lookup = weight_free("lookup", engine.target.model.config) if tree and tree.lookup_merge else None
+        self.lookup_tree = tree.lookup_tree(engine.target.device.type) if self.lookup else None
+        # Per-cycle sizing (sizing.py) where the tree is the automatic one and the machine profile is at hand.
+        cost = engine.choice.cost if engine.choice else None
+        sized = bool(tree and tree.sized and cost)
+        self.sizer = Sizer(cost.verify_at) if sized else None
+        self.lookup_sizer = Sizer(cost.verify_at) if sized and self.lookup else None
+        self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._stop = False
         target = engine.target
-        # MJSD samples with the paper's filters (mjsd.py); the trace records the sampling actually used.
-        self.sampling = mjsd_sampling(config.sampling) if method == "mjsd" else config.sampling
+        # A drafter may run with its own sampling filters (MJSD); the trace records the sampling actually used.
+        self.sampling = method_drafter.run_sampling(config.sampling) if method_drafter else config.sampling
         fta_applied = bool(tree and tree.fta and config.sampling.greedy)
+        approximate = method_drafter.approximation(tree, self.sampling) if method_drafter else ""
         self.trace = GenerationTrace(
             method=method,
             model=target.name,
@@ -151,7 +162,7 @@ class Run:
                 dtype=target.precision,
                 forward=target.forward,
                 choice=engine.choice.summary(method) + "; " + engine.choice.reason if engine.choice else "",
-                approximate=describe(tree, self.sampling) if method == "mjsd" else FTA_NOTE if fta_applied else "",
+                approximate=approximate or (FTA_NOTE if fta_applied else ""),
             ),
         )
 
@@ -167,20 +178,39 @@ class Run:
                 return emitted[: i + 1], "length"
         return emitted, ""
 
-    def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor, room: int) -> tuple[DraftTree, DraftPool]:
+    def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor,
+               kv: int) -> tuple[DraftTree, DraftPool, Sizer | None, float | None]:
+        """This cycle's tree, the pool it came from, the sizer that sized it and the accepted length it expects."""
         device = self.engine.target.device
+        room = self.engine.target.max_context - kv
+        if self.lookup is not None:
+            pool = self.lookup.propose(features, tokens, self.lookup_tree)
+            if pool.size:
+                if self.drafter is not None:
+                    self._waiting.append((features, tokens))
+                return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv, self.lookup_sizer)
         if self.drafter is None:
-            return build_tree(root, DraftPool(), 1, device), DraftPool()
+            return build_tree(root, DraftPool(), 1, device), DraftPool(), None, None
+        if self._waiting:
+            features = torch.cat([f for f, _ in self._waiting] + [features])
+            tokens = torch.cat([t for _, t in self._waiting] + [tokens])
+            self._waiting.clear()
         pool = self.drafter.propose(features, tokens, self.tree)
-        tree = build_tree(root, pool, min(self.tree.total_tokens, room), device)
-        return (tree.with_fta() if self.trace.settings.fta_applied else tree), pool
+        tree, pool, sizer, expected = self._sized(root, pool, min(self.tree.total_tokens, room), kv, self.sizer)
+        return (tree.with_fta() if self.trace.settings.fta_applied else tree), pool, sizer, expected
+
+    def _sized(self, root: int, pool: DraftPool, most: int, kv: int,
+               sizer: Sizer | None) -> tuple[DraftTree, DraftPool, Sizer | None, float | None]:
+        n, expected = sizer.choose(pool, most, kv) if sizer else (most, None)
+        return build_tree(root, pool, n, self.engine.target.device), pool, sizer, expected
 
     def _accept(self, tree: DraftTree, logits: torch.Tensor, pool: DraftPool,
                 generator: torch.Generator) -> tuple[Acceptance, list[JointCheck]]:
-        """The target's verdict on the tree; MJSD's joint test also returns its check of each draft prefix."""
-        if isinstance(pool, BeamDraft):
-            return verify_joint(tree, logits, pool.log_q, self.sampling, self.tree.tau_acc, generator)
-        return verify(tree, logits, self.sampling, generator), []
+        """The target's verdict on the tree (the drafter's own rule where it has one: MJSD's joint test, which also
+        returns its check of each draft prefix)."""
+        if self.drafter is None or self._waiting:  # AR or prompt lookup's tree: the plain rule
+            return verify(tree, logits, self.sampling, generator), []
+        return self.drafter.accept(tree, logits, pool, self.sampling, generator)
 
     @torch.inference_mode()
     def __iter__(self) -> Iterator[CycleTrace]:
@@ -199,9 +229,10 @@ class Run:
         new_features, new_tokens = features, torch.cat([prompt[1:], prompt.new_tensor([root])])
         if self.drafter is not None:
             self.drafter.reset()
+            self.drafter.start(self.sampling, frozenset(target.eos_ids), generator)
             self.drafter.observe(prompt, features)
-        if self.method == "mjsd":
-            self.drafter.search = BeamSearch(self.sampling, frozenset(target.eos_ids), generator)
+        if self.lookup is not None:
+            self.lookup.observe(prompt, features)
         sync_device(device)
         trace.prefill_ms = (time.perf_counter() - start) * 1e3
 
@@ -210,12 +241,11 @@ class Run:
                 reason = "stopped"
                 break
             prefix_len = cache.get_seq_length()
-            room = target.max_context - prefix_len
-            if room < 1:
+            if target.max_context - prefix_len < 1:
                 reason = "context"
                 break
             t0 = time.perf_counter()
-            tree, pool = self._draft(root, new_features, new_tokens, room)
+            tree, pool, sizer, expected = self._draft(root, new_features, new_tokens, prefix_len)
             sync_device(device)
             t1 = time.perf_counter()
 
@@ -231,6 +261,9 @@ class Run:
             if self.drafter is not None:  # drafting work, timed with the draft
                 self.drafter.observe(tree.tokens, features, logits, tree.parents)
                 sync_device(device)
+            if sizer is not None and tree.size > 1:
+                on_path = set(acceptance.nodes)
+                sizer.learn(tree.scores[1:], [i in on_path for i in range(1, tree.size)])
             t3 = time.perf_counter()
 
             nodes = torch.tensor(acceptance.nodes, device=device)
@@ -254,6 +287,7 @@ class Run:
                 tree_depth=max(tree.depths),
                 fta_used=bool(tree.filled[acceptance.path_row, : len(acceptance.nodes)].any()),
                 joint=joint,
+                expected_accepted=None if expected is None else round(expected, 3),
             )
             # Recording the tree below is the trace's cost, not decoding's: other_ms stops before it, so traced and
             # untraced runs time their cycles alike (the wall time still includes it).

@@ -82,7 +82,8 @@ def build_engine(
     wanted = parse_dtype(dtype)
     device_ = pick_device(device)
     if wanted == "bfloat16" and device_.type == "cpu" and not bf16_units(device_):
-        log.warning("this CPU has no bf16 units: bfloat16 runs in software, several times slower than float32")
+        log.warning("this CPU has no bf16 units: a bfloat16 step is fast, but a bfloat16 tree verification costs "
+                    "several steps")
     target = load_target(model, device=device, threads=threads)
     loaded = load_drafters(target, model, drafters, seed)
     choice = None
@@ -93,7 +94,7 @@ def build_engine(
             choice = choose(profile, methods, lead if lead in methods else "ar",
                             {m: d.acceptance for m, (d, _) in loaded.items()}, device_.type, wanted,
                             auto_trees=trees == "auto", units=bf16_units(device_))
-        except GumihoError:  # an explicit dtype the profile did not measure (bf16 on a CPU without bf16 units)
+        except GumihoError:  # an explicit dtype the profile did not measure (int4 where torch has no kernel)
             log.warning("no measurement of %s on this machine: default trees", wanted)
     if choice is not None:
         path = choice.path

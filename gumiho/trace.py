@@ -112,6 +112,7 @@ class CycleTrace:
     nodes: list[TraceNode] = field(default_factory=list)
     paths: list[TracePath] = field(default_factory=list)
     joint: list[JointCheck] = field(default_factory=list)
+    expected_accepted: float | None = None  # per-cycle sizing: the draft tokens it expected the target to accept
 
     @property
     def accept_length(self) -> int:
@@ -241,6 +242,10 @@ def _check(trace: GenerationTrace) -> None:
         for p in step.paths:
             if not p.nodes or len(p.filled) != len(p.nodes) or any(i not in ids for i in p.nodes):
                 raise TraceError(f"cycle {step.index}: a path is empty or names nodes that are not in the tree")
+        expected = step.expected_accepted
+        if expected is not None and (isinstance(expected, bool) or not isinstance(expected, (int, float))
+                                     or expected < 0):
+            raise TraceError(f"cycle {step.index}: expected_accepted must be a number >= 0")
         if step.nodes and any(i not in ids for i in step.accepted_nodes):
             raise TraceError(f"cycle {step.index}: the accepted path names nodes that are not in the tree")
         for i, check in enumerate(step.joint, start=1):

@@ -187,6 +187,10 @@ class TreeSettings:
     (`lookup`) merges the continuations of up to `top_k` earlier matches of the sequence's last `max_ngram` down to
     `min_ngram` tokens (set for lookup only); Token Recycling (`recycle`) gives each node the `top_k` tokens its
     table lists after the node's token (at most RECYCLE_WIDTH).
+
+    `lookup_merge` N > 0 (a learned drafter's option, SAM-Decoding's switch; docs/design.md §17.4): when the text's
+    last N or more tokens occurred earlier, the cycle verifies prompt lookup's tree instead of drafting (the
+    drafter catches up on the next cycle it drafts); 0 is off.
     """
 
     top_k: int
@@ -200,9 +204,19 @@ class TreeSettings:
     tau_acc: float | None = None
     max_ngram: int | None = None
     min_ngram: int | None = None
+    lookup_merge: int = 0
+    sized: bool = False  # per-cycle sizing (sizing.py): total_tokens is then the most a cycle verifies
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
+        """The method's tree on this device; a learned drafter's switches to prompt lookup on a match of
+        LOOKUP_MERGE tokens."""
+        tree = cls._default(method, device_type)
+        learned = method not in ("mjsd", *DRAFT_FREE) and tree.total_tokens > 1
+        return replace(tree, lookup_merge=LOOKUP_MERGE) if learned else tree
+
+    @classmethod
+    def _default(cls, method: str, device_type: str) -> TreeSettings:
         if method == "mjsd":  # the paper's runs, on every device
             return cls(top_k=8, depth=4, total_tokens=5, tau_acc=0.9)
         if method in DRAFT_FREE:
@@ -233,6 +247,8 @@ class TreeSettings:
         if method == "ar":
             return None
         chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
+        if "total_tokens" in chosen:  # a fixed size: no per-cycle sizing
+            chosen.setdefault("sized", False)
         tree = replace(base or cls.default(method, device_type), **chosen)
         tree.validate(method)
         return tree
@@ -280,6 +296,10 @@ class TreeSettings:
                                   f"max-ngram {self.max_ngram}")
         elif self.max_ngram is not None or self.min_ngram is not None:
             raise GumihoError("max-ngram and min-ngram are lookup options; leave them unset for " + method)
+        if self.lookup_merge < 0:
+            raise GumihoError(f"lookup-merge must be >= 0 (0: off), got {self.lookup_merge}")
+        if self.lookup_merge and method in ("mjsd", *DRAFT_FREE):
+            raise GumihoError(f"lookup-merge is an option of the learned drafters, not of {method}")
         if self.pool_size(method) < self.total_tokens - 1:
             raise GumihoError(
                 f"total-tokens {self.total_tokens} exceeds the {self.pool_size(method)} candidates this tree drafts"
@@ -292,7 +312,16 @@ class TreeSettings:
         for name in ("max_ngram", "min_ngram"):
             if data[name] is None:
                 del data[name]
+        for name in ("lookup_merge", "sized"):
+            if not data[name]:
+                del data[name]
         return data
+
+    def lookup_tree(self, device_type: str = "cpu") -> TreeSettings:
+        """The prompt-lookup tree a cycle switches to under `lookup_merge`: lookup's default, matching at least
+        `lookup_merge` tokens."""
+        base = TreeSettings.default("lookup", device_type)
+        return replace(base, min_ngram=self.lookup_merge, max_ngram=max(base.max_ngram, self.lookup_merge))
 
 
 def _lookup_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
@@ -313,3 +342,6 @@ def _recycle_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
 
 
 DRAFT_FREE = {"lookup": _lookup_default, "recycle": _recycle_default}  # method -> its default tree per device
+# A learned drafter's tree gives way to prompt lookup's when the text's last 3 tokens occurred earlier: such a match
+# is usually copied on (summaries, code edits, quotes), and a lookup draft costs nothing.
+LOOKUP_MERGE = 3

@@ -126,3 +126,17 @@ def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
         run = engine.generate(prompt, method, config)
         assert run.token_ids == ar.token_ids, method
         assert run.tau > 1.2  # the shipped drafters are accepted on the int4 path too
+
+
+def test_every_path_is_compared_with_fp32_ar():
+    from gumiho.bench.paths import compare_paths
+
+    base = tiny_target(seed=2, vocab=32)
+    paths = [ExecPath("float32"), ExecPath("bfloat16"), ExecPath("int4")]
+    prompts = [[1, 5, 9, 3], [7, 7, 2, 30, 4, 4]]
+    table = compare_paths(base, paths, prompts, max_new_tokens=12).set_index("path")
+    assert list(table.index) == ["fp32 lean", "bf16 lean", "int4 lean"]
+    fp32 = table.loc["fp32 lean"]
+    assert fp32["outputs equal to fp32"] == 1.0 and fp32["fp32 tokens kept"] == 1.0 and fp32["vs first"] == 1.0
+    assert ((table["fp32 tokens kept"] >= 0) & (table["fp32 tokens kept"] <= 1)).all()
+    assert (table["tokens/s"] > 0).all() and (table["perplexity"] >= 1).all()

@@ -4,6 +4,7 @@ automatic choice made from it and a drafter's acceptance statistics."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -121,8 +122,18 @@ def test_best_tree_maximises_expected_tokens_per_s():
     assert chosen.speedup == pytest.approx(rates[(k, n)] * cost.verify_at(1, 512) / 1e3)
     fixed = best_tree(cost, "gumiho", base, deep_acceptance(), top_k=4)
     assert fixed.tree.top_k == 4
+    assert chosen.tree.sized and fixed.tree.sized  # automatic sizes are sized per cycle
+    assert not best_tree(cost, "gumiho", base, deep_acceptance(), total_tokens=8).tree.sized  # a fixed size is not
     unknown = best_tree(cost, "gumiho", base, None)
-    assert unknown.tree == base and "no acceptance statistics" in unknown.note
+    assert unknown.tree == replace(base, sized=True) and "no acceptance statistics" in unknown.note
+
+
+def test_where_no_tree_pays_the_method_runs_ar_steps():
+    cost = flat_profile().costs[0]
+    costly = PathCost(cost.path, cost.verify_ms, {"gumiho": {k: 500.0 for k in (3, 4, 6, 8)}})
+    chosen = best_tree(costly, "gumiho", TreeSettings.default("gumiho", "cpu"), deep_acceptance())
+    assert chosen.tree.total_tokens == 1 and not chosen.tree.sized and chosen.speedup == 1.0
+    assert "does not pay" in chosen.note
 
 
 @pytest.mark.parametrize("fast", ["float32", "bfloat16"])

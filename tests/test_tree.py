@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from gumiho.tree import DraftPool, TreeSettings, build_tree
+from gumiho.errors import GumihoError
+from gumiho.tree import LOOKUP_MERGE, DraftPool, TreeSettings, build_tree
 
 from .conftest import tiny_engine
 
@@ -160,9 +163,22 @@ def test_resolve_applies_the_overrides_given_and_keeps_the_rest():
     cpu, gpu = TreeSettings.default("gumiho", "cpu"), TreeSettings.default("gumiho", "cuda")
     assert (cpu.top_k, gpu.top_k) == (4, 14)  # the defaults differ per device
     tree = TreeSettings.resolve("gumiho", "cuda", {"total_tokens": 24, "fta": False, "depth": None})
-    assert tree == TreeSettings(top_k=14, depth=6, total_tokens=24, mlptopk=35, pruning=35, fta=False)
+    assert tree == TreeSettings(top_k=14, depth=6, total_tokens=24, mlptopk=35, pruning=35, fta=False,
+                                lookup_merge=LOOKUP_MERGE)
     assert TreeSettings.resolve("eagle2", "cpu", {"top_k": 3, "mlp_parent_align": False}) == TreeSettings(
-        top_k=3, depth=5, total_tokens=12, mlp_parent_align=False)
+        top_k=3, depth=5, total_tokens=12, mlp_parent_align=False, lookup_merge=LOOKUP_MERGE)
+
+
+def test_a_fixed_size_switches_per_cycle_sizing_off():
+    sized = replace(TreeSettings.default("gumiho", "cpu"), sized=True)
+    assert TreeSettings.resolve("gumiho", "cpu", {"top_k": 3}, base=sized).sized
+    assert not TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=sized).sized
+
+
+@pytest.mark.parametrize("method,merge", [("gumiho", -1), ("mjsd", 3), ("lookup", 3), ("recycle", 2)])
+def test_the_lookup_switch_is_a_learned_drafters_option(method, merge):
+    with pytest.raises(GumihoError, match="lookup-merge"):
+        replace(TreeSettings.default(method, "cpu"), lookup_merge=merge).validate(method)
 
 
 def test_resolve_gives_no_tree_for_ar():

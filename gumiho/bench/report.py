@@ -44,7 +44,7 @@ SCHEMA_VERSION = 1
 LOSSY = ("mjsd",)  # reported apart from the exact methods: their speed buys a different output
 
 
-def _md(frame: pd.DataFrame) -> str:
+def md(frame: pd.DataFrame) -> str:
     """A pipe table (no extra dependency): header, separator, rows."""
     cells = [[str(c) for c in frame.columns]] + [[str(v) for v in row] for row in frame.itertuples(index=False)]
     lines = ["| " + " | ".join(row) + " |" for row in cells]
@@ -69,7 +69,7 @@ def speed_table(summary: pd.DataFrame, temperature: float) -> str:
             line["tokens/s"] = f"{by.at['mean', 'tokens_per_s']:.1f}"
             line["vs transformers"] = f"{by.at['mean', 'vs_transformers']:.2f}x"
         table.append(line)
-    return _md(pd.DataFrame(table))
+    return md(pd.DataFrame(table))
 
 
 def lossy_table(summary: pd.DataFrame, temperature: float) -> pd.DataFrame:
@@ -135,30 +135,30 @@ def markdown(result: dict, summary: pd.DataFrame, profile: pd.DataFrame) -> str:
     ]
     for temperature in sorted(summary["temperature"].unique()):
         parts += [f"## T = {temperature:g}: speed-up over AR and τ", speed_table(summary, temperature)]
-        parts += [f"### {title}\n\n{_md(t)}" for title, t in detail_tables(summary, temperature).items()]
+        parts += [f"### {title}\n\n{md(t)}" for title, t in detail_tables(summary, temperature).items()]
         lossy = lossy_table(summary, temperature)
         if not lossy.empty:
             parts += [f"## T = {temperature:g}: MJSD (approximate) against AR: output perplexity under the target",
-                      _md(_fmt(lossy))]
+                      md(_fmt(lossy))]
     fta = fta_table(summary)
     if not fta.empty:
-        parts += ["## FTA trade-off (T = 0)", _md(_fmt(fta))]
+        parts += ["## FTA trade-off (T = 0)", md(_fmt(fta))]
     if not profile.empty:
         cols = ["method", "tree_size", "tau_cycle", "cycle_ms", "draft_ms", "verify_ms", "other_ms",
                 "draft_transformer", "draft_fc", "draft_lm_head", "draft_lm_head_rows", "draft_mlp_heads",
                 "draft_rest", "verify_target", "verify_lm_head", "verify_rest"]
         parts += ["## One cycle, per method (ms; mean of the fastest quarter of the cycles of greedy runs)",
-                  _md(_fmt(profile[cols], 1))]
+                  md(_fmt(profile[cols], 1))]
     cost = result["cost_curve"]
     curve = pd.DataFrame({"tree tokens n": cost["sizes"], "T(n) ms": cost["ms"],
                           "x one decode step": [t / cost["ms"][0] for t in cost["ms"]]})
     parts += [f"## Verification cost curve ({cost['device']}, {cost['threads']} threads, "
-              f"KV length {cost['kv_length']})", _md(_fmt(curve))]
+              f"KV length {cost['kv_length']})", md(_fmt(curve))]
     for method, choice in result["auto_tree"].items():  # runs made before the machine profile
         top = pd.DataFrame(choice["candidates"]).head(8)
         s = choice["settings"]
         parts += [f"## Automatic tree size, {NAMES.get(method, method)}: top_k {s['top_k']}, "
-                  f"total_tokens {s['total_tokens']} (best predicted candidates)", _md(_fmt(top))]
+                  f"total_tokens {s['total_tokens']} (best predicted candidates)", md(_fmt(top))]
     if result.get("choice"):
         choice = result["choice"]
         lines = [f"- {NAMES.get(m, m)}: " + (f"top_k {c['tree']['top_k']}, total_tokens {c['tree']['total_tokens']}, "

@@ -24,8 +24,11 @@ from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
 from ..int4 import Int4Matrix
 from ..packed import PackedMatrix
+from ..sampling import SamplingConfig
 from ..static_tree import layout
-from ..tree import DraftPool, TreeSettings
+from ..trace import JointCheck
+from ..tree import DraftPool, DraftTree, TreeSettings
+from ..verify import Acceptance as Verdict, verify
 from .config import DrafterConfig
 from .layers import DraftTransformer, KVCache
 
@@ -117,6 +120,24 @@ class Drafter(nn.Module):
 
     def check_tree(self, tree: TreeSettings) -> None:
         """Raise GumihoError when this drafter cannot draft a tree of this shape (checked before a run starts)."""
+
+    # --- how a run uses it: exact speculation by default; MJSD overrides all four (docs/design.md §16) ----------
+    def run_sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        """The sampling a run with this drafter applies (the trace records it)."""
+        return sampling
+
+    def approximation(self, tree: TreeSettings, sampling: SamplingConfig) -> str:
+        """Why a run's output is not distributed as the target's; '' when it is."""
+        return ""
+
+    def start(self, sampling: SamplingConfig, eos_ids: frozenset[int], generator: torch.Generator) -> None:
+        """Set up for one run (after `reset`): the run's sampling, end tokens and random generator."""
+
+    def accept(self, tree: DraftTree, logits: torch.Tensor, pool: DraftPool, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[Verdict, list[JointCheck]]:
+        """The target's verdict on a tree drafted from `pool`: the longest prefix it agrees with plus a bonus token
+        (verify.py), and no joint checks."""
+        return verify(tree, logits, sampling, generator), []
 
     # --- files ----------------------------------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:

@@ -8,8 +8,10 @@ that agree share nodes and occurrences that disagree become branches. docs/desig
 
 Scores are pseudo log-probabilities. An occurrence matching n tokens weighs (top_k + 1)^n, so one longer match
 outweighs every shorter one together. A node's score is log(weight of the occurrences through it / weight of all)
-+ depth * log(DECAY): a child's occurrences are a subset of its parent's and DECAY < 1, so a child always scores
-below its parent and `tree.build_tree`'s rerank keeps a tree.
++ depth * log(continues(L)), L the longest match through the node: a longer match is taken as likelier to go on
+(a one-token match is a weak hint, a three-token one a good one), and per-cycle sizing (sizing.py) calibrates
+these numbers against what the target accepts. A child's occurrences are a subset of its parent's, so its L is no
+longer and its score is always below its parent's: `tree.build_tree`'s rerank keeps a tree.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ import torch
 from ..tree import DraftPool, TreeSettings
 from .base import WeightFreeDrafter
 
-DECAY = 0.8  # each further token of a continuation is taken as 0.8 times as likely as the one before
 SOURCE = "lookup"
+
+
+def continues(length: int) -> float:
+    """The prior chance that a continuation goes on one more token after a match of `length` tokens."""
+    return length / (length + 1.5)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class _Node:
     parent: int  # trie node id, -1 under the root
     depth: int
     log_weights: list[float] = field(default_factory=list)
+    longest: int = 0  # the longest match through this node
 
 
 def lookup_pool(sequence: np.ndarray, tree: TreeSettings, device: torch.device | None = None) -> DraftPool:
@@ -86,9 +93,10 @@ def lookup_pool(sequence: np.ndarray, tree: TreeSettings, device: torch.device |
                 node = children[(parent, token)] = len(nodes)
                 nodes.append(_Node(token, parent, depth))
             nodes[node].log_weights.append(log_weight)
+            nodes[node].longest = max(nodes[node].longest, match.length)
             parent = node
     total = _logsumexp([m.length * base for m in matches])
-    scores = [_logsumexp(n.log_weights) - total + n.depth * math.log(DECAY) for n in nodes]
+    scores = [_logsumexp(n.log_weights) - total + n.depth * math.log(continues(n.longest)) for n in nodes]
     position = {}  # trie node -> pool index
     for depth in range(1, tree.depth + 1):
         layer = [i for i, n in enumerate(nodes) if n.depth == depth]  # in trie order: the earlier match first

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..mjsd import describe, mjsd_sampling, verify_joint
 from ..sampling import SamplingConfig, nucleus
-from ..tree import DraftPool, TreeSettings
+from ..trace import JointCheck
+from ..tree import DraftPool, DraftTree, TreeSettings
+from ..verify import Acceptance as Verdict
 from .eagle2 import Eagle2Drafter
 
 
@@ -34,15 +37,31 @@ class BeamSearch:
 
 @dataclass
 class BeamDraft(DraftPool):
-    """The top beam as a chain (one node per depth), with log Q_t of its prefix of length t = 1, 2, ..."""
+    """The top beam as a chain (one node per depth), with log Q_t of its prefix of length t = 1, 2, ..., and the
+    threshold its verification applies."""
 
     log_q: list[float] = field(default_factory=list)
+    tau_acc: float = 0.9
 
 
 class MjsdDrafter(Eagle2Drafter):
     kind = "mjsd"
     weights = "eagle2"  # the folder kind it loads (drafters.for_method)
-    search = BeamSearch()  # the engine sets each run's (Run.__iter__)
+    search = BeamSearch()  # each run's, set by `start`
+
+    def run_sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        return mjsd_sampling(sampling)  # the paper's filters (mjsd.py)
+
+    def approximation(self, tree: TreeSettings, sampling: SamplingConfig) -> str:
+        return describe(tree, sampling)
+
+    def start(self, sampling: SamplingConfig, eos_ids: frozenset[int], generator: torch.Generator) -> None:
+        self.search = BeamSearch(sampling, eos_ids, generator)
+
+    def accept(self, tree: DraftTree, logits: torch.Tensor, pool: BeamDraft, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[Verdict, list[JointCheck]]:
+        """Joint-likelihood verification of the chain (mjsd.py), with its check of each draft prefix."""
+        return verify_joint(tree, logits, pool.log_q, sampling, pool.tau_acc, generator)
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> BeamDraft:
         h = self.advance(features, tokens)
@@ -68,7 +87,7 @@ class MjsdDrafter(Eagle2Drafter):
             fused = self.transformer.fuse(self.embed(chain[:, -1]), out[rows])
             out = self.expand(fused, stable + step, stable, own)
             seen = own
-        pool = BeamDraft(log_q=log_q[0].tolist())
+        pool = BeamDraft(log_q=log_q[0].tolist(), tau_acc=tree.tau_acc)
         parent = torch.full((1,), -1, device=dev)
         for t in range(chain.shape[1]):
             parent = pool.add(chain[0, t : t + 1], parent, scores[0, t : t + 1], f"mjsd-{t + 1}", t + 1)

@@ -1,0 +1,71 @@
+"""Trees sized per cycle: verify the number of tokens n that maximises expected emitted tokens per millisecond.
+
+A drafter scores its candidates (cumulative draft log-probs; prompt lookup's pseudo log-probs). A tree of n tokens
+keeps the best n - 1 of them (tree.build_tree), and the expected number of draft tokens the target accepts from
+it is the sum, over the kept nodes, of the probability that each lies on the accepted path. That probability is
+read from a calibration of score -> acceptance: per score bin, the share of verified nodes that ended up on the
+accepted path (bins of exp(score)). It starts from a prior (exp(score) itself, worth PRIOR_WEIGHT nodes) and
+learns from every verification of the run, so it fits the drafter, the target and the text at hand, and needs
+no file. Then
+
+    n* = argmax over n of (1 + E[accepted draft tokens | n]) / T(n),
+
+T(n) being the machine profile's cost of verifying n tokens at the current KV length. n = 1 is a plain AR step
+(the draft is not verified) and wins whenever the draft is too unsure to pay for the extra rows. Which nodes are
+kept stays the best-scored subset, so exactness is untouched: only how many is decided here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .tree import DraftPool
+
+BINS = 16  # bins of exp(score), the draft's own probability, over [0, 1]
+PRIOR_WEIGHT = 2.0
+
+
+def _bin(score: float) -> int:
+    return min(BINS - 1, int(math.exp(min(score, 0.0)) * BINS))
+
+
+@dataclass
+class Sizer:
+    """Per-cycle n for one run. `cost(n, kv)`: the ms of verifying n tokens on a KV cache of kv tokens."""
+
+    cost: Callable[[int, int], float]
+    accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
+
+    def probability(self, score: float) -> float:
+        """Calibrated chance that a node of this score is on the accepted path."""
+        b = _bin(score)
+        prior = (b + 0.5) / BINS  # the draft's own probability: the bin's centre
+        return (self.accepted[b] + PRIOR_WEIGHT * prior) / (self.seen[b] + PRIOR_WEIGHT)
+
+    def choose(self, pool: DraftPool, most: int, kv: int) -> tuple[int, float]:
+        """(n, expected accepted draft tokens) for `pool`, n at most `most`. The nodes are taken in the order
+        `build_tree` keeps them (priority for a static tree, else score)."""
+        if not pool.size or most < 2:
+            return 1, 0.0
+        scores = torch.cat(pool.scores)
+        order = torch.cat(pool.priorities) if pool.priorities else scores
+        ranked = scores[torch.sort(order, descending=True, stable=True).indices[: most - 1]].tolist()
+        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, kv), 0.0, 0.0
+        for i, score in enumerate(ranked, start=2):
+            expected += self.probability(score)
+            rate = (1.0 + expected) / self.cost(i, kv)
+            if rate > best_rate:
+                best_n, best_rate, best_expected = i, rate, expected
+        return best_n, best_expected
+
+    def learn(self, scores: list[float], on_path: list[bool]) -> None:
+        """One verification's outcome: each verified draft node's score and whether it was accepted."""
+        for score, hit in zip(scores, on_path):
+            b = _bin(score)
+            self.seen[b] += 1.0
+            self.accepted[b] += float(hit)

@@ -1,0 +1,89 @@
+"""Trees sized per cycle from a calibration learned during the run, and the switch to prompt lookup's tree: both
+change how many and which candidates are verified, never the output."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from gumiho.choice import Choice
+from gumiho.engine import GenerationConfig
+from gumiho.profile import KV_LENGTHS, SIZES, ExecPath, PathCost
+from gumiho.sizing import Sizer
+from gumiho.tree import DraftPool, TreeSettings
+
+from .conftest import tiny_engine
+
+
+def chain_pool(scores: list[float]) -> DraftPool:
+    pool = DraftPool()
+    parent = torch.tensor([-1])
+    for depth, score in enumerate(scores, start=1):
+        parent = pool.add(torch.tensor([depth]), parent, torch.tensor([score]), "eagle-1", depth)
+    return pool
+
+
+def linear_cost(n: int, kv: int) -> float:
+    return 20.0 + 5.0 * (n - 1)  # each verified token costs a quarter of a step
+
+
+def test_a_sure_draft_is_verified_deep_and_an_unsure_one_not_at_all():
+    sizer = Sizer(linear_cost)
+    n, expected = sizer.choose(chain_pool([-0.01, -0.02, -0.03, -0.05]), most=5, kv=100)
+    assert n == 5 and 3.0 < expected < 4.0
+    assert sizer.choose(chain_pool([-4.0, -5.0, -6.0]), most=4, kv=100) == (1, 0.0)  # plain AR step
+    assert sizer.choose(chain_pool([-0.01, -0.02]), most=2, kv=100)[0] == 2  # the cap
+    assert sizer.choose(DraftPool(), most=8, kv=100) == (1, 0.0)
+
+
+def test_the_calibration_learns_what_the_target_accepts():
+    sizer = Sizer(linear_cost)
+    confident = chain_pool([-0.1, -0.2])
+    assert sizer.choose(confident, most=3, kv=100)[0] == 3
+    for _ in range(30):  # this drafter's confident guesses turn out wrong
+        sizer.learn([-0.1, -0.2], [False, False])
+    assert sizer.probability(-0.1) < 0.1
+    assert sizer.choose(confident, most=3, kv=100) == (1, 0.0)
+    for _ in range(120):
+        sizer.learn([-0.1], [True])
+    assert sizer.probability(-0.1) > 0.6
+
+
+def sized_engine(seed: int):
+    engine = tiny_engine(seed=seed, vocab=16, drafter_seed=seed)
+    curve = [20.0 + 2.0 * n for n in SIZES]
+    cost = PathCost(ExecPath("float32"), {kv: curve for kv in KV_LENGTHS})
+    engine.choice = Choice(path=cost.path, methods={}, reason="test", cost=cost)
+    return engine
+
+
+def test_sized_trees_and_the_lookup_switch_keep_greedy_output_exact():
+    sizes, lookup_nodes, expectations = set(), 0, 0
+    for seed in range(6):
+        engine = sized_engine(seed)
+        ids = torch.randint(0, 16, (12,), generator=torch.Generator().manual_seed(seed)).tolist() * 2
+        ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=40), prompt_ids=ids)
+        for method, tree in {
+            "gumiho": TreeSettings(top_k=3, depth=5, total_tokens=12, mlptopk=3, pruning=3, sized=True,
+                                   lookup_merge=2),
+            "eagle2": TreeSettings(top_k=3, depth=4, total_tokens=10, sized=True),
+            "medusa": replace(TreeSettings.default("medusa", "cpu"), sized=True, lookup_merge=3),
+            "lookup": replace(TreeSettings.default("lookup", "cpu"), sized=True),
+        }.items():
+            run = engine.generate("", method, GenerationConfig(max_new_tokens=40, tree=tree), prompt_ids=ids)
+            assert run.token_ids == ar.token_ids, (seed, method)
+            assert run.settings.tree["sized"] is True
+            sizes.update(s.tree_size for s in run.steps)
+            lookup_nodes += sum(n.source == "lookup" for s in run.steps for n in s.nodes if method != "lookup")
+            expectations += sum(s.expected_accepted is not None for s in run.steps if s.tree_size > 1)
+    assert 1 in sizes and len(sizes) > 3  # cycles were sized differently, AR steps included
+    assert lookup_nodes > 0 and expectations > 0  # the switch happened; sized cycles recorded their expectation
+
+
+def test_a_fixed_tree_is_not_sized():
+    engine = sized_engine(1)
+    tree = TreeSettings(top_k=3, depth=4, total_tokens=6)
+    run = engine.generate("", "eagle2", GenerationConfig(max_new_tokens=20, tree=tree), prompt_ids=[1, 2, 3])
+    assert all(s.expected_accepted is None for s in run.steps)
+    assert all(s.tree_size == 6 for s in run.steps[:-1])
