@@ -8,7 +8,8 @@ Two inputs, kept apart because they change for different reasons:
     given is the number of leading accepted nodes whose running maximum rank is below n - 1. These depend on the
     drafter and the target, not on the machine.
 
-expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k) + verify_ms(n)); AR is 1000 / verify_ms(1).
+expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k) + verify_ms(n) + (tau - 1) * head_ms); AR is
+1000 / verify_ms(1) (a verification computes the lm_head row of each accepted token and of the one after).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         widest = widest_tree(method, k)
         sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
         for n in sizes:
-            rate = 1e3 * acceptance.tau(k, n) / (cost.draft_ms[method][k] + cost.verify_at(n, KV_TYPICAL))
+            tau = acceptance.tau(k, n)
+            rate = 1e3 * tau / (cost.draft_ms[method][k] + cost.cycle_ms(n, tau - 1, KV_TYPICAL))
             if best is None or rate > best[0]:
                 best = (rate, k, n)
     rate, k, n = best

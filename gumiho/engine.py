@@ -28,7 +28,7 @@ from .sizing import Sizer
 from .target import Target
 from .trace import METHODS, CycleTrace, GenerationTrace, JointCheck, RunSettings, TraceNode, TracePath
 from .tree import DraftPool, DraftTree, TreeSettings, build_tree
-from .verify import Acceptance, verify
+from .verify import Acceptance, LazyLogits, verify
 
 FTA_NOTE = "FTA: borrowed tokens are checked against logits computed in their own branch"
 
@@ -135,8 +135,8 @@ class Run:
         # Per-cycle sizing (sizing.py) where the tree is the automatic one and the machine profile is at hand.
         cost = engine.choice.cost if engine.choice else None
         sized = bool(tree and tree.sized and cost)
-        self.sizer = Sizer(cost.verify_at) if sized else None
-        self.lookup_sizer = Sizer(cost.verify_at) if sized and self.lookup else None
+        self.sizer = Sizer(cost.cycle_ms) if sized else None
+        self.lookup_sizer = Sizer(cost.cycle_ms) if sized and self.lookup else None
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._stop = False
         target = engine.target
@@ -204,7 +204,7 @@ class Run:
         n, expected = sizer.choose(pool, most, kv) if sizer else (most, None)
         return build_tree(root, pool, n, self.engine.target.device), pool, sizer, expected
 
-    def _accept(self, tree: DraftTree, logits: torch.Tensor, pool: DraftPool,
+    def _accept(self, tree: DraftTree, logits: LazyLogits, pool: DraftPool,
                 generator: torch.Generator) -> tuple[Acceptance, list[JointCheck]]:
         """The target's verdict on the tree (the drafter's own rule where it has one: MJSD's joint test, which also
         returns its check of each draft prefix)."""
@@ -254,12 +254,13 @@ class Run:
                 prefix = torch.ones(tree.size, prefix_len, dtype=torch.bool, device=device)
                 mask = torch.cat([prefix, tree.mask], 1)[None, None]
             features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
-            logits = target.logits(features)
+            logits = LazyLogits(features, target.logits)  # rows computed as the acceptance walk reads them
             acceptance, joint = self._accept(tree, logits, pool, generator)
             sync_device(device)
             t2 = time.perf_counter()
             if self.drafter is not None:  # drafting work, timed with the draft
-                self.drafter.observe(tree.tokens, features, logits, tree.parents)
+                self.drafter.observe(tree.tokens, features, logits.full() if self.drafter.observes_logits else None,
+                                     tree.parents)
                 sync_device(device)
             if sizer is not None and tree.size > 1:
                 on_path = set(acceptance.nodes)

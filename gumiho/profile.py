@@ -7,8 +7,9 @@ one-row bf16 product beats fp32 (half the bytes) while a 12-row one is several t
 once per (machine, model, drafter shapes), every candidate execution path (dtype or int4 weights, forward,
 packing):
 
-  verify_ms   one target forward over n tree tokens (tree mask) + the lm_head + argmax, for n in SIZES, on top of
-              a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
+  verify_ms   one target forward over n tree tokens (tree mask) + one lm_head row + argmax, for n in SIZES, on
+              top of a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
+  head_ms     one more lm_head row (a greedy verification reads one per accepted token: verify.LazyLogits);
   draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix.
 
 The profile is cached in `$GUMIHO_CACHE/profiles/` under the machine's signature (processor and its features,
@@ -41,7 +42,7 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 3  # 3: every dtype and int4 weights measured on a CPU
+VERSION = 4  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (3, 4, 6, 8)
@@ -163,8 +164,13 @@ def drafter_for(drafter: Drafter, target: Target) -> Drafter:
 @dataclass
 class PathCost:
     path: ExecPath
-    verify_ms: dict[int, list[float]]  # KV length -> ms per size in SIZES order
+    verify_ms: dict[int, list[float]]  # KV length -> ms per size in SIZES order (one lm_head row included)
     draft_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # method -> top_k -> ms per propose
+    head_ms: float = 0.0  # one more lm_head row: a verification reads one per accepted token (verify.LazyLogits)
+
+    def cycle_ms(self, n: int, accepted: float, kv: int = 512) -> float:
+        """A verification of n tokens from which `accepted` draft tokens are accepted (expected)."""
+        return self.verify_at(n, kv) + accepted * self.head_ms
 
     def verify_at(self, n: int, kv: int = 512) -> float:
         """T(n) at a KV length `kv`, linear in both n and kv between the measured points (clamped at the ends)."""
@@ -209,7 +215,7 @@ class MachineProfile:
                 draft = {str(m): {int(k): float(v) for k, v in per.items()} for m, per in c["draft_ms"].items()}
                 path = ExecPath(**c["path"])
                 path.torch_dtype  # noqa: B018 (raises KeyError for an unknown dtype)
-                costs.append(PathCost(path, verify, draft))
+                costs.append(PathCost(path, verify, draft, float(c["head_ms"])))
             if not costs or not all(x > 0 for c in costs for v in c.verify_ms.values() for x in v):
                 raise ProfileError("empty or non-positive timings")
             return cls(signature=dict(data["signature"]), model=str(data["model"]), drafters=dict(data["drafters"]),
@@ -266,7 +272,7 @@ class VerifyTimer:
         positions = torch.arange(kv, kv + n, device=device)
         _sync(device)
         start = time.perf_counter()
-        self.target.logits(self.target.features(tokens, self.cache, positions, mask)).argmax(-1).tolist()
+        self.target.logits(self.target.features(tokens, self.cache, positions, mask)[:1]).argmax(-1).tolist()
         _sync(device)
         elapsed = (time.perf_counter() - start) * 1e3
         self.cache.crop(-n)
@@ -321,6 +327,19 @@ def widest_tree(method: str, top_k: int) -> TreeSettings:
     if method == "gumiho":
         shape = replace(shape, mlptopk=max(base.mlptopk, top_k), pruning=max(base.pruning, top_k))
     return replace(shape, total_tokens=min(max(SIZES), shape.pool_size(method) + 1))
+
+
+@torch.inference_mode()
+def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> float:
+    """One lm_head row (after a warm-up call)."""
+    times = []
+    for _ in range(repeats + 1):
+        _sync(target.device)
+        start = time.perf_counter()
+        target.logits(feature).argmax(-1).tolist()
+        _sync(target.device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return low(times[1:])
 
 
 def low(values: list[float]) -> float:
@@ -378,8 +397,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     costs = [PathCost(path,
                       {kv: [low(verify_ms[i][j][n]) if verify_ms[i][j][n] else warm[i][j][n] for n in SIZES]
                        for j, kv in enumerate(KV_LENGTHS)},
-                      {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()})
-             for i, path in enumerate(paths)]
+                      {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
+                      head_row_ms(runner, features[-1:].to(runner.dtype), repeats))
+             for i, (path, runner) in enumerate(zip(paths, runners))]
     return MachineProfile(signature=signature(target.device), model=target.name,
                           drafters={m: drafter_key(d) for m, d in drafters.items()}, costs=costs,
                           seconds=round(time.perf_counter() - start, 1))

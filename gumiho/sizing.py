@@ -8,9 +8,10 @@ accepted path (bins of exp(score)). It starts from a prior (exp(score) itself, w
 learns from every verification of the run, so it fits the drafter, the target and the text at hand, and needs
 no file. Then
 
-    n* = argmax over n of (1 + E[accepted draft tokens | n]) / T(n),
+    n* = argmax over n of (1 + E[accepted draft tokens | n]) / (T(n) + E[accepted | n] * head),
 
-T(n) being the machine profile's cost of verifying n tokens at the current KV length. n = 1 is a plain AR step
+T(n) being the machine profile's cost of verifying n tokens at the current KV length, with one lm_head row, and
+head the cost of each further row the acceptance walk reads. n = 1 is a plain AR step
 (the draft is not verified) and wins whenever the draft is too unsure to pay for the extra rows. Which nodes are
 kept stays the best-scored subset, so exactness is untouched: only how many is decided here.
 """
@@ -35,9 +36,10 @@ def _bin(score: float) -> int:
 
 @dataclass
 class Sizer:
-    """Per-cycle n for one run. `cost(n, kv)`: the ms of verifying n tokens on a KV cache of kv tokens."""
+    """Per-cycle n for one run. `cost(n, accepted, kv)`: the ms of verifying n tokens, `accepted` of them accepted
+    (each costs one more lm_head row), on a KV cache of kv tokens (`PathCost.cycle_ms`)."""
 
-    cost: Callable[[int, int], float]
+    cost: Callable[[int, float, int], float]
     accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
     seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
 
@@ -55,10 +57,10 @@ class Sizer:
         scores = torch.cat(pool.scores)
         order = torch.cat(pool.priorities) if pool.priorities else scores
         ranked = scores[torch.sort(order, descending=True, stable=True).indices[: most - 1]].tolist()
-        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, kv), 0.0, 0.0
+        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, kv), 0.0, 0.0
         for i, score in enumerate(ranked, start=2):
             expected += self.probability(score)
-            rate = (1.0 + expected) / self.cost(i, kv)
+            rate = (1.0 + expected) / self.cost(i, expected, kv)
             if rate > best_rate:
                 best_n, best_rate, best_expected = i, rate, expected
         return best_n, best_expected

@@ -13,11 +13,41 @@ the target's (processed) distribution, so the method is lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .sampling import SamplingConfig, probabilities, sample
 from .tree import DraftTree
+
+
+class LazyLogits:
+    """The target's logits over a verified tree, one row computed when first read.
+
+    A greedy walk reads only the rows of the accepted path and the node after it (tau rows, not the tree's n), and
+    the lm_head of a small model is a large share of a verification on a CPU. Each row is its own one-row product,
+    exactly as in an AR step, so the walk decides every token as AR would. `full()` gives every row at once (for
+    what needs them all: FTA's paths, MJSD's joint test, Token Recycling's table)."""
+
+    def __init__(self, features: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]):
+        self.features, self.head = features, head
+        self.rows: dict[int, torch.Tensor] = {}
+        self._full: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        if self._full is not None:
+            return self._full[node]
+        if node not in self.rows:
+            self.rows[node] = self.head(self.features[node : node + 1])[0]
+        return self.rows[node]
+
+    def full(self) -> torch.Tensor:
+        if self._full is None:
+            self._full = self.head(self.features)
+        return self._full
 
 
 @dataclass
@@ -37,6 +67,23 @@ def _per_path(tree: DraftTree, nodes: list[int]) -> list[int]:
             k += 1
         counts.append(k)
     return counts
+
+
+def walk_greedy(tree: DraftTree, logits: LazyLogits) -> Acceptance:
+    """From the root, follow the child whose token is the target's argmax until none is: the same path and bonus
+    as `verify_greedy` on a tree whose siblings are distinct tokens (every drafter's), reading only that path's
+    rows."""
+    children, tokens = tree.children(), tree.tokens.tolist()
+    node, nodes = 0, [0]
+    while True:
+        predicted = int(logits[node].argmax())
+        node = next((c for c in children[node] if tokens[c] == predicted), -1)
+        if node < 0:
+            break
+        nodes.append(node)
+    per_path = _per_path(tree, nodes)
+    row = next(r for r, k in enumerate(per_path) if k == len(nodes) - 1)
+    return Acceptance(nodes=nodes, bonus=predicted, path_row=row, per_path=per_path)
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
@@ -87,7 +134,12 @@ def verify_sampling(
     return Acceptance(nodes=nodes, bonus=bonus, path_row=row, per_path=per_path)
 
 
-def verify(tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> Acceptance:
+def verify(tree: DraftTree, logits: torch.Tensor | LazyLogits, cfg: SamplingConfig,
+           generator: torch.Generator) -> Acceptance:
+    """Lazy logits are read row by row where the rule allows it: the greedy walk (FTA's borrowed paths need every
+    row) and the sampling walk, which reads the nodes it visits only."""
     if cfg.greedy:
+        if isinstance(logits, LazyLogits):
+            return verify_greedy(tree, logits.full()) if bool(tree.filled.any()) else walk_greedy(tree, logits)
         return verify_greedy(tree, logits)
     return verify_sampling(tree, logits, cfg, generator)

@@ -24,8 +24,8 @@ def chain_pool(scores: list[float]) -> DraftPool:
     return pool
 
 
-def linear_cost(n: int, kv: int) -> float:
-    return 20.0 + 5.0 * (n - 1)  # each verified token costs a quarter of a step
+def linear_cost(n: int, accepted: float, kv: int) -> float:
+    return 20.0 + 5.0 * (n - 1) + 1.0 * accepted  # each verified token costs a quarter of a step
 
 
 def test_a_sure_draft_is_verified_deep_and_an_unsure_one_not_at_all():
@@ -53,7 +53,7 @@ def test_the_calibration_learns_what_the_target_accepts():
 def sized_engine(seed: int):
     engine = tiny_engine(seed=seed, vocab=16, drafter_seed=seed)
     curve = [20.0 + 2.0 * n for n in SIZES]
-    cost = PathCost(ExecPath("float32"), {kv: curve for kv in KV_LENGTHS})
+    cost = PathCost(ExecPath("float32"), {kv: curve for kv in KV_LENGTHS}, head_ms=1.0)
     engine.choice = Choice(path=cost.path, methods={}, reason="test", cost=cost)
     return engine
 

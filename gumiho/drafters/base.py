@@ -28,7 +28,7 @@ from ..sampling import SamplingConfig
 from ..static_tree import layout
 from ..trace import JointCheck
 from ..tree import DraftPool, DraftTree, TreeSettings
-from ..verify import Acceptance as Verdict, verify
+from ..verify import Acceptance as Verdict, LazyLogits, verify
 from .config import DrafterConfig
 from .layers import DraftTransformer, KVCache
 
@@ -37,6 +37,7 @@ class Drafter(nn.Module):
     """Base class: files, the shared embedding and lm_head, the draft vocabulary. Subclasses implement `draft`."""
 
     kind = ""
+    observes_logits = False  # whether `observe` wants a verification's logits (every row: they cost a head call)
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -111,8 +112,9 @@ class Drafter(nn.Module):
                 parents: list[int] | None = None) -> None:
         """What the target just computed; the engine calls it after every target forward (a no-op by default).
 
-        tokens [n]: the forward's input tokens; features [n, H] (and logits [n, V], when the engine computed them)
-        are the target's output at each, predicting the token after it. `parents` None: a stretch of the sequence
+        tokens [n]: the forward's input tokens; features [n, H] (and, for a drafter that `observes_logits`, a
+        verification's logits [n, V]: the engine otherwise computes only the rows its acceptance walk reads) are
+        the target's output at each, predicting the token after it. `parents` None: a stretch of the sequence
         (the prefill, over the prompt; logits None, since the engine computes only the last position's, and a
         drafter that wants them applies `head_logits` to the rows it needs). Else the verification of a draft
         tree in tree order: parents[i] is node i's parent (-1 for node 0, the root), and node i's output predicts
@@ -133,7 +135,7 @@ class Drafter(nn.Module):
     def start(self, sampling: SamplingConfig, eos_ids: frozenset[int], generator: torch.Generator) -> None:
         """Set up for one run (after `reset`): the run's sampling, end tokens and random generator."""
 
-    def accept(self, tree: DraftTree, logits: torch.Tensor, pool: DraftPool, sampling: SamplingConfig,
+    def accept(self, tree: DraftTree, logits: LazyLogits, pool: DraftPool, sampling: SamplingConfig,
                generator: torch.Generator) -> tuple[Verdict, list[JointCheck]]:
         """The target's verdict on a tree drafted from `pool`: the longest prefix it agrees with plus a bonus token
         (verify.py), and no joint checks."""

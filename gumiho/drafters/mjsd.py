@@ -21,7 +21,7 @@ from ..mjsd import describe, mjsd_sampling, verify_joint
 from ..sampling import SamplingConfig, nucleus
 from ..trace import JointCheck
 from ..tree import DraftPool, DraftTree, TreeSettings
-from ..verify import Acceptance as Verdict
+from ..verify import Acceptance as Verdict, LazyLogits
 from .eagle2 import Eagle2Drafter
 
 
@@ -58,10 +58,10 @@ class MjsdDrafter(Eagle2Drafter):
     def start(self, sampling: SamplingConfig, eos_ids: frozenset[int], generator: torch.Generator) -> None:
         self.search = BeamSearch(sampling, eos_ids, generator)
 
-    def accept(self, tree: DraftTree, logits: torch.Tensor, pool: BeamDraft, sampling: SamplingConfig,
+    def accept(self, tree: DraftTree, logits: LazyLogits, pool: BeamDraft, sampling: SamplingConfig,
                generator: torch.Generator) -> tuple[Verdict, list[JointCheck]]:
         """Joint-likelihood verification of the chain (mjsd.py), with its check of each draft prefix."""
-        return verify_joint(tree, logits, pool.log_q, sampling, pool.tau_acc, generator)
+        return verify_joint(tree, logits.full(), pool.log_q, sampling, pool.tau_acc, generator)
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> BeamDraft:
         h = self.advance(features, tokens)

@@ -32,6 +32,7 @@ SOURCE = "recycle"
 
 class RecycleDrafter(WeightFreeDrafter):
     kind = "recycle"
+    observes_logits = True  # its table is the target's top-k after every verified node
 
     def __init__(self, config, hot_start: bool = False):
         super().__init__(config)
