@@ -116,8 +116,10 @@ def cycle_markdown(cycle: CycleTrace) -> str:
     fta = " The accepted path went through an FTA-borrowed position." if cycle.fta_used else ""
     plural = "s" if cycle.tree_size != 1 else ""
     bonus = token_label(cycle.bonus_text, 16)
-    return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{plural} in one target forward · "
-            f"accepted draft tokens: {got} · bonus: {md_code(bonus)} · "
+    sized = "" if cycle.expected_accepted is None else (
+        f" (sized for this cycle: {cycle.expected_accepted:.2f} draft tokens expected, {len(accepted)} accepted)")
+    return (f"**Cycle {cycle.index}** · verified a tree of {cycle.tree_size} token{plural}{sized} in one target "
+            f"forward · accepted draft tokens: {got} · bonus: {md_code(bonus)} · "
             f"emitted {len(cycle.emitted)} · draft {cycle.draft_ms:.0f} ms, verify {cycle.verify_ms:.0f} ms, "
             f"other {cycle.other_ms:.0f} ms.{fta}{joint_markdown(cycle)}")
 

@@ -259,8 +259,7 @@ class Run:
             sync_device(device)
             t2 = time.perf_counter()
             if self.drafter is not None:  # drafting work, timed with the draft
-                self.drafter.observe(tree.tokens, features, logits.full() if self.drafter.observes_logits else None,
-                                     tree.parents)
+                self.drafter.observe(tree.tokens, features, logits, tree.parents)
                 sync_device(device)
             if sizer is not None and tree.size > 1:
                 on_path = set(acceptance.nodes)

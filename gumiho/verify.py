@@ -49,6 +49,13 @@ class LazyLogits:
             self._full = self.head(self.features)
         return self._full
 
+    def computed(self) -> tuple[list[int], torch.Tensor]:
+        """The rows computed so far (node indices, ascending) and their logits [k, V]: what is free to read."""
+        if self._full is not None:
+            return list(range(len(self))), self._full
+        nodes = sorted(self.rows)
+        return nodes, torch.stack([self.rows[n] for n in nodes])
+
 
 @dataclass
 class Acceptance:

@@ -624,3 +624,12 @@ def test_mjsd_cycle_lists_its_joint_checks_and_the_longest_passing_prefix():
     trace = replace(gumiho_trace(), method="mjsd")
     trace.settings.approximate = "MJSD accepts by joint likelihood"
     assert "Approximate output" in render.trace_summary(trace)
+
+
+def test_a_sized_cycle_shows_what_it_expected_against_what_was_accepted():
+    from dataclasses import replace
+
+    cycle = gumiho_trace().steps[0]
+    assert "expected" not in render.cycle_markdown(cycle)
+    text = render.cycle_markdown(replace(cycle, expected_accepted=1.37))
+    assert f"1.37 draft tokens expected, {cycle.accept_length} accepted" in text

@@ -125,9 +125,9 @@ class Spy(RecycleDrafter):
     calls: list
 
     def observe(self, tokens, features, logits=None, parents=None):
-        self.calls.append((tokens.tolist(), features.shape, None if logits is None else logits.shape, parents))
-        self.last = (tokens.tolist(), logits)
+        self.calls.append((tokens.tolist(), features.shape, None if logits is None else len(logits), parents))
         super().observe(tokens, features, logits, parents)
+        self.last = (tokens.tolist(), logits)
 
 
 def test_the_engine_shows_the_drafter_every_target_forward():
@@ -141,14 +141,17 @@ def test_the_engine_shows_the_drafter_every_target_forward():
     assert len(spy.calls) == 1 + trace.cycles
     for (tokens, features, logits, parents), step in zip(spy.calls[1:], trace.steps):
         assert tokens == [n.token_id for n in step.nodes] and parents == [n.parent for n in step.nodes]
-        assert features == (step.tree_size, 32) and logits == (step.tree_size, VOCAB)
-    # After the last cycle the table holds, for each token of its tree, the target's top tokens after that token's
-    # last node; the root's (a token that occurs once) starts with the target's argmax, which greedy decoding emitted.
+        assert features == (step.tree_size, 32) and logits == step.tree_size
+    # The table learns from the rows the verification computed (free): greedy's walk reads the accepted path. After
+    # the last cycle it holds, for each of their tokens, the target's top tokens after that token's last node; the
+    # root's (a token that occurs once) starts with the target's argmax, which greedy decoding emitted.
     tokens, logits = spy.last
-    for token in set(tokens):
-        last = max(i for i, t in enumerate(tokens) if t == token)
-        assert spy.next_ids[token].tolist() == torch.topk(logits[last], spy.width).indices.tolist()
+    nodes, rows = logits.computed()
     step = trace.steps[-1]
+    assert nodes == step.accepted_nodes and rows.shape == (len(nodes), VOCAB)
+    for token in {tokens[n] for n in nodes}:
+        last = max(i for i, n in enumerate(nodes) if tokens[n] == token)
+        assert spy.next_ids[token].tolist() == torch.topk(rows[last], spy.width).indices.tolist()
     if tokens.count(tokens[0]) == 1:
         assert int(spy.next_ids[tokens[0], 0]) == step.emitted[0]
 

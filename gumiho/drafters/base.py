@@ -37,7 +37,6 @@ class Drafter(nn.Module):
     """Base class: files, the shared embedding and lm_head, the draft vocabulary. Subclasses implement `draft`."""
 
     kind = ""
-    observes_logits = False  # whether `observe` wants a verification's logits (every row: they cost a head call)
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -108,13 +107,13 @@ class Drafter(nn.Module):
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         raise NotImplementedError
 
-    def observe(self, tokens: torch.Tensor, features: torch.Tensor, logits: torch.Tensor | None = None,
+    def observe(self, tokens: torch.Tensor, features: torch.Tensor, logits: LazyLogits | torch.Tensor | None = None,
                 parents: list[int] | None = None) -> None:
         """What the target just computed; the engine calls it after every target forward (a no-op by default).
 
-        tokens [n]: the forward's input tokens; features [n, H] (and, for a drafter that `observes_logits`, a
-        verification's logits [n, V]: the engine otherwise computes only the rows its acceptance walk reads) are
-        the target's output at each, predicting the token after it. `parents` None: a stretch of the sequence
+        tokens [n]: the forward's input tokens; features [n, H] (and a verification's logits: a `LazyLogits` whose
+        `computed()` rows, those the acceptance walk read, are free, while any other row costs an lm_head call; or
+        a [n, V] tensor) are the target's output at each, predicting the token after it. `parents` None: a stretch of the sequence
         (the prefill, over the prompt; logits None, since the engine computes only the last position's, and a
         drafter that wants them applies `head_logits` to the rows it needs). Else the verification of a draft
         tree in tree order: parents[i] is node i's parent (-1 for node 0, the root), and node i's output predicts

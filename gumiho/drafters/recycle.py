@@ -2,8 +2,9 @@
 
 The table maps each token to the TABLE_WIDTH tokens the target ranked highest after it, with their log-probs, the
 last time the target ran on that token: after the prefill from the prompt's rows (its last PROMPT_ROWS
-positions), and after every verification from every node of the tree, accepted or not (the candidates the papers
-call recycled). A token whose row was written twice keeps the later write; within one forward, the later node.
+positions), and after every verification from the nodes whose lm_head rows the verification computed (the
+accepted path and the node after it; computing every node's row, as the paper does on a GPU, costs an lm_head row
+each on a CPU). A token whose row was written twice keeps the later write; within one forward, the later node.
 
 Drafting is a beam through the table, as EAGLE-2 grows its tree (docs/design.md §3.1, §17): the root's `top_k`
 table entries form depth 1; at each further depth the `top_k` best open nodes by cumulative log-prob each get their
@@ -22,6 +23,7 @@ import torch
 
 from ..errors import GumihoError
 from ..tree import RECYCLE_WIDTH, DraftPool, TreeSettings
+from ..verify import LazyLogits
 from .base import WeightFreeDrafter
 
 TABLE_WIDTH = RECYCLE_WIDTH  # next tokens kept per token: the widest top_k a recycle tree may use
@@ -32,7 +34,6 @@ SOURCE = "recycle"
 
 class RecycleDrafter(WeightFreeDrafter):
     kind = "recycle"
-    observes_logits = True  # its table is the target's top-k after every verified node
 
     def __init__(self, config, hot_start: bool = False):
         super().__init__(config)
@@ -54,12 +55,15 @@ class RecycleDrafter(WeightFreeDrafter):
             self.next_ids = torch.full((vocab, self.width), -1, dtype=torch.int32, device=device)
             self.next_logp = torch.full((vocab, self.width), float("-inf"), dtype=torch.float32, device=device)
 
-    def observe(self, tokens: torch.Tensor, features: torch.Tensor, logits: torch.Tensor | None = None,
+    def observe(self, tokens: torch.Tensor, features: torch.Tensor, logits: LazyLogits | torch.Tensor | None = None,
                 parents: list[int] | None = None) -> None:
         if logits is None:  # the prefill: the lm_head over the prompt's last rows, a chunk at a time
             tokens, features = tokens[-PROMPT_ROWS:], features[-PROMPT_ROWS:]
             for start in range(0, tokens.shape[0], CHUNK):
                 self.record(tokens[start:start + CHUNK], self.head_logits(features[start:start + CHUNK]))
+        elif isinstance(logits, LazyLogits):  # a verification: the rows its acceptance walk computed (free)
+            nodes, rows = logits.computed()
+            self.record(tokens[nodes], rows)
         else:
             self.record(tokens, logits)
 
