@@ -10,8 +10,11 @@ decoding without FTA, given the same context).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 ACCEPTANCE_FILE = "acceptance.json"
 
@@ -45,11 +48,15 @@ class Acceptance:
     @classmethod
     def load(cls, folder: str | Path, method: str = "") -> Acceptance | None:
         """The statistics stored with a drafter (`method`: those of a method that drafts with its weights, as
-        EAGLE-1 with EAGLE-2's), or None when there are none (or they do not parse)."""
+        EAGLE-1 with EAGLE-2's), or None when there are none, or when they do not parse (with a warning: the drafter
+        then drafts its fixed default tree)."""
         path = Path(folder) / file_name(method)
         try:
             data = json.loads(path.read_text())
             ranks = {int(k): [[int(r) for r in cycle] for cycle in v] for k, v in data["prefix_ranks"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("ignoring %s (%s): the drafter drafts its default tree", path, type(exc).__name__)
             return None
         return cls(ranks) if ranks else None

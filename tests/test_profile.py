@@ -102,8 +102,14 @@ def test_acceptance_gives_the_tau_each_tree_size_would_have_had(tmp_path):
     assert acc.tau(6, 2) == 2.0 and acc.tau(6, 12) == 4.0 and acc.tau(6, 32) == 5.0
     acc.save(tmp_path)
     assert Acceptance.load(tmp_path) == acc
+
+
+def test_a_corrupt_acceptance_file_is_ignored_with_a_warning(tmp_path, caplog):
     (tmp_path / "acceptance.json").write_text("{broken")
     assert Acceptance.load(tmp_path) is None
+    assert "default tree" in caplog.text and "acceptance.json" in caplog.text
+    caplog.clear()
+    assert Acceptance.load(tmp_path / "missing") is None and caplog.text == ""  # none at all: no warning
 
 
 def test_best_tree_maximises_expected_tokens_per_s():

@@ -256,6 +256,13 @@ def status(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from .machine import campaign_paused
+
+    with campaign_paused():  # the machine profile and the runs measure alone (scripts/cpu_campaign.sh waits)
+        return measure_and_report(args, argv)
+
+
+def measure_and_report(args: argparse.Namespace, argv: list[str]) -> int:
     from ..loader import build_engine
 
     settings = bench_settings(args)

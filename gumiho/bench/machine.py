@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
+import signal
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import transformers
@@ -49,6 +53,32 @@ def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forwar
             "packed_matmuls": packed, "forward": forward, "cpu_features": features,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
+
+
+CAMPAIGN_PID = Path(__file__).resolve().parents[2] / "runs" / "campaign" / "campaign.pid"
+
+
+@contextmanager
+def campaign_paused(pid_file: Path | None = None) -> Iterator[bool]:
+    """Stop the background drafter campaign (scripts/cpu_campaign.sh writes its process group to `pid_file`;
+    $GUMIHO_CAMPAIGN_PID overrides the default) while the block measures, and let it go on afterwards, whatever
+    happens in the block. Yields whether a campaign was paused."""
+    path = Path(pid_file or os.environ.get("GUMIHO_CAMPAIGN_PID", CAMPAIGN_PID))
+    group = None
+    try:
+        group = int(path.read_text().strip())
+        os.killpg(group, signal.SIGSTOP)
+        logging.getLogger(__name__).warning("paused the drafter campaign (process group %d) while measuring", group)
+    except (OSError, ValueError):  # no campaign, a stale file, or not ours to stop
+        group = None
+    try:
+        yield group is not None
+    finally:
+        if group is not None:
+            try:
+                os.killpg(group, signal.SIGCONT)
+            except OSError:
+                pass
 
 
 class LoadMonitor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from safetensors.torch import save_file
 from ..errors import GumihoError
 from ..target import Target
 from .data import Rendered
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,4 +90,13 @@ def load_sequences(folder: str | Path) -> list[Sequence]:
     shards = sorted(Path(folder).glob("shard-*.safetensors"))
     if not shards:
         raise GumihoError(f"{folder} holds no feature shards; run `python -m gumiho.train prepare` first")
-    return [s for shard in shards for s in read_shard(shard)]
+    sequences = []
+    for shard in shards:
+        try:
+            sequences += read_shard(shard)
+        except Exception as exc:  # safetensors raises its own error type for a damaged file
+            log.warning("skipping the unreadable shard %s (%s)", shard, str(exc).splitlines()[0] if str(exc) else
+                        type(exc).__name__)
+    if not sequences:
+        raise GumihoError(f"{folder}: no readable feature shard")
+    return sequences

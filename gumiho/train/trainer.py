@@ -232,11 +232,32 @@ def fix_length(config: TrainConfig, state: TrainState, batches_per_epoch: int) -
 
 
 def save_checkpoint(path: Path, config: TrainConfig, state: TrainState) -> None:
+    """Written to a temporary file, then renamed: a stop or a full disk never damages the last good checkpoint."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"config": asdict(config), "model": state.drafter.state_dict(),
-                "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
-                "state": state.progress()}, tmp)
+    try:
+        torch.save({"config": asdict(config), "model": state.drafter.state_dict(),
+                    "optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
+                    "state": state.progress()}, tmp)
+    except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError from its writer
+        tmp.unlink(missing_ok=True)
+        kept = f"the last good checkpoint {path} is kept" if path.exists() else "no checkpoint was written yet"
+        raise GumihoError(f"cannot write {tmp} ({str(exc).splitlines()[0]}); {kept}") from exc
     tmp.replace(path)
+
+
+def load_checkpoint(path: Path, device: torch.device) -> dict | None:
+    """The saved run, or None when there is none or it cannot be read (then it is set aside as .corrupt, and said
+    in one line: the run starts over from its --init, never silently)."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as exc:  # a truncated or damaged file: pickle, zip and torch errors alike
+        aside = path.with_suffix(".corrupt")
+        path.replace(aside)
+        log.warning("skipping the unreadable checkpoint %s (%s; moved to %s): starting this run over",
+                    path, type(exc).__name__, aside.name)
+        return None
 
 
 def write_length(out: Path, length: RunLength, batches_per_epoch: int) -> None:
@@ -280,8 +301,8 @@ def train(config: TrainConfig, target: Target) -> Path:
     groups = plan_batches([len(s.input_ids) for s in sequences], config.batch_tokens)
     state = new_state(config, drafter, len(groups))
     checkpoint = out / "checkpoint.pt"
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=dev, weights_only=False)
+    saved = load_checkpoint(checkpoint, dev)
+    if saved is not None:
         if saved["config"] != asdict(config):
             raise GumihoError(f"{checkpoint} was written with other settings; use a new --out or the same options")
         state.resume(saved)

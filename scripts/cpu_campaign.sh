@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The CPU drafter campaign: fine-tune the shipped EAGLE-2 and Gumiho drafters on the target's own replies, a round
+# at a time, on any CPU, in the background. docs/training.md#the-cpu-campaign.
+#
+#   nohup bash scripts/cpu_campaign.sh > runs/campaign/log.txt 2>&1 &     # start, or resume after a stop
+#   ROUNDS=3 CONVERSATIONS=4096 bash scripts/cpu_campaign.sh               # settings come from the environment
+#
+# Each round: (1) extend the self-distilled data (ShareGPT prompts only, never the benchmark sets: later turns and
+# long prompts with documents up to MAX_PROMPT_LEN tokens; shards resume, manifest with sha256); (2) fine-tune both
+# drafters from the best so far, on the same data for the same steps, checkpointing every few minutes (a stopped
+# run resumes from its last checkpoint); (3) held-out chain accuracy and tau on MT-Bench's first 20 at the 12-token
+# tree, the new drafter and the best so far in the same run; (4) a drafter that beats the best is shipped to
+# assets/drafters (fp16, model card, acceptance statistics recalibrated); the next round starts from it.
+#
+# It holds a lock (a second campaign says so and exits 2), runs under nice, and writes its process group to
+# $RUNS/campaign.pid, which `python -m gumiho bench` stops while it measures and continues afterwards (on 2 cores
+# a background job skews every timing). A step that fails stops the campaign with the last good checkpoint kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+RUNS=${RUNS:-runs/campaign}
+CACHE=${CACHE:-cache/train}
+ROUNDS=${ROUNDS:-1}
+CONVERSATIONS=${CONVERSATIONS:-2048}  # per round's data set; a larger value extends the same seeded choice
+HELDOUT=${HELDOUT:-120}
+TURNS=${TURNS:-3}                     # user turns answered per conversation (later turns see earlier replies)
+MAX_PROMPT_LEN=${MAX_PROMPT_LEN:-1024}
+NEW_TOKENS=${NEW_TOKENS:-256}
+EPOCHS=${EPOCHS:-2}
+LR=${LR:-2e-4}
+UNROLL=${UNROLL:-2}                   # training-time test: draft steps trained per position
+CHECKPOINT_MINUTES=${CHECKPOINT_MINUTES:-5}
+THREADS=${THREADS:-2}
+
+mkdir -p "$RUNS"
+exec 9>"$RUNS/campaign.lock"
+if ! flock -n 9; then
+    echo "error: another campaign holds $RUNS/campaign.lock" >&2
+    exit 2
+fi
+echo "$(ps -o pgid= $$ | tr -d ' ')" > "$RUNS/campaign.pid"
+trap 'rm -f "$RUNS/campaign.pid"' EXIT
+renice -n 19 -p $$ > /dev/null
+
+log() { echo "[campaign $(date -u +%FT%TZ)] $*"; }
+steps_every=$(( CHECKPOINT_MINUTES * 60 / 5 ))  # about 5 s a step at 4,096 tokens on 2 fp32 cores
+tau() { $PY -c "import json, sys; print(next(iter(json.load(open(sys.argv[1]))['tau'].values()))['tau_mean'])" "$1"; }
+
+$PY -c "from gumiho.target import ensure_default_model; ensure_default_model()"
+for round in $(seq 1 "$ROUNDS"); do
+    data="$CACHE/campaign-train"
+    log "round $round: data ($CONVERSATIONS conversations, $TURNS turns, prompts up to $MAX_PROMPT_LEN tokens)"
+    $PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --max-new-tokens "$NEW_TOKENS" \
+        --shard-size 64 --gen-batch 32 --threads "$THREADS" --out "$CACHE/campaign-heldout"
+    $PY -m gumiho.train prepare --split train --conversations "$CONVERSATIONS" --turns "$TURNS" \
+        --max-prompt-len "$MAX_PROMPT_LEN" --max-new-tokens "$NEW_TOKENS" --shard-size 64 --gen-batch 32 \
+        --threads "$THREADS" --out "$data"
+    for drafter in gumiho eagle2; do
+        shipped="assets/drafters/smollm2-135m-$drafter"
+        run="$RUNS/round-$round-$drafter"
+        log "round $round: fine-tune $drafter from $shipped -> $run"
+        $PY -m gumiho.train --drafter "$drafter" --init "$shipped" --data "$data" --out "$run" \
+            --epochs "$EPOCHS" --lr "$LR" --warmup-steps 20 --batch-tokens 4096 --unroll "$UNROLL" \
+            --seed "$round" --checkpoint-every "$steps_every" --threads "$THREADS" --dtype float32
+        for which in new shipped; do
+            folder=$([ "$which" = new ] && echo "$run/drafter" || echo "$shipped")
+            [ -s "$run/eval-$which.json" ] || $PY -m gumiho.train eval --drafter-dir "$folder" \
+                --heldout "$CACHE/campaign-heldout" --prompts data/benchmarks/mt_bench.jsonl --limit 20 \
+                --threads "$THREADS" --out "$run/eval-$which.json"
+        done
+        new=$(tau "$run/eval-new.json"); old=$(tau "$run/eval-shipped.json")
+        log "round $round: $drafter tau on MT-Bench 20: new $new, shipped $old"
+        if $PY -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" "$new" "$old"; then
+            $PY -m gumiho.train ship --run "$run" --dest "$shipped"
+            $PY -m gumiho calibrate --method "$drafter" --threads "$THREADS"
+            log "round $round: shipped the new $drafter drafter"
+        fi
+    done
+done
+log "done"

@@ -1,0 +1,107 @@
+"""The background drafter campaign (scripts/cpu_campaign.sh): one at a time, and paused while a benchmark measures."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gumiho.bench.machine import campaign_paused
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+
+
+def test_a_benchmark_stops_the_campaigns_process_group_and_lets_it_go_on(tmp_path):
+    worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"],
+                              start_new_session=True)
+    try:
+        pid_file = tmp_path / "campaign.pid"
+        pid_file.write_text(f"{os.getpgid(worker.pid)}\n")
+        with campaign_paused(pid_file) as paused:
+            time.sleep(0.2)
+            assert paused and state(worker.pid) == "T"
+        time.sleep(0.2)
+        assert state(worker.pid) != "T"
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_no_campaign_or_a_stale_file_changes_nothing(tmp_path):
+    with campaign_paused(tmp_path / "missing.pid") as paused:
+        assert not paused
+    stale = tmp_path / "stale.pid"
+    stale.write_text("not a number")
+    with campaign_paused(stale) as paused:
+        assert not paused
+
+
+def test_a_second_campaign_says_another_holds_the_lock_and_exits_2(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with open(runs / "campaign.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_campaign.sh")], capture_output=True, text=True,
+                              env={**os.environ, "RUNS": str(runs), "PY": sys.executable}, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: another campaign holds {runs}/campaign.lock"]
+    assert not (runs / "campaign.pid").exists()
+
+
+def test_a_corrupt_shard_is_skipped_with_a_line_naming_it(tmp_path, caplog):
+    import torch
+
+    from gumiho.train.data import Rendered
+    from gumiho.train.features import load_sequences, write_shard
+
+    rendered = [Rendered("a", [3, 4, 5], [0, 1, 1])]
+    write_shard(tmp_path / "shard-00000.safetensors", rendered, [torch.zeros(3, 8)])
+    (tmp_path / "shard-00001.safetensors").write_bytes(b"\x00\x01 not a shard")
+    sequences = load_sequences(tmp_path)
+    assert [s.input_ids.tolist() for s in sequences] == [[3, 4, 5]]
+    assert "shard-00001.safetensors" in caplog.text and "skipping" in caplog.text
+
+
+def test_a_corrupt_checkpoint_is_set_aside_and_said_never_silently_reused(tmp_path, caplog):
+    import torch
+
+    from gumiho.train.trainer import load_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    assert load_checkpoint(path, torch.device("cpu")) is None and caplog.text == ""  # none yet: nothing to say
+    path.write_bytes(b"PK\x03\x04 truncated")
+    assert load_checkpoint(path, torch.device("cpu")) is None
+    assert not path.exists() and (tmp_path / "checkpoint.corrupt").exists()
+    assert "checkpoint.pt" in caplog.text and "starting this run over" in caplog.text
+
+
+def test_a_full_disk_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+    import torch
+
+    from gumiho.errors import GumihoError
+    from gumiho.train import trainer
+
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"the last good one")
+
+    def full(obj, f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    state = type("State", (), {"drafter": torch.nn.Linear(2, 2), "optimizer": torch.optim.SGD([torch.zeros(1)], 0.1),
+                               "scheduler": torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1)], 0.1),
+                                                                              lambda s: 1.0),
+                               "progress": lambda self: {}})()
+    with pytest.raises(GumihoError, match="No space left.*last good checkpoint"):
+        trainer.save_checkpoint(path, trainer.TrainConfig(drafter="eagle2", data="d", out="o"), state)
+    assert path.read_bytes() == b"the last good one" and not path.with_suffix(".tmp").exists()
