@@ -192,13 +192,15 @@ def race_headline(traces: list[GenerationTrace]) -> str:
     return " · ".join(parts)
 
 
+ROUNDING = {"bfloat16": "bf16", "float16": "fp16", "int4": "bf16"}  # paths whose tree and AR forwards round apart
+
+
 def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
-    half = trace.settings.dtype in ("bfloat16", "float16")
+    half = trace.settings.dtype in ROUNDING
     if diverges is None and trace.method == "mjsd":
         return "identical to AR here, though MJSD is approximate by design"
     if diverges is None:
-        return f"equal to AR up to {'bf16' if trace.settings.dtype == 'bfloat16' else 'fp16'} rounding" if half \
-            else "identical to AR"
+        return f"equal to AR up to {ROUNDING[trace.settings.dtype]} rounding" if half else "identical to AR"
     if trace.method == "mjsd":
         why = "MJSD accepts prefixes by joint likelihood, not token by token (approximate by design)"
     elif trace.settings.sampling.get("temperature", 0) > 0:
@@ -208,8 +210,8 @@ def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
     elif trace.settings.fta_applied:
         why = "FTA let short paths attend to borrowed nodes, which changed a bonus token"
     elif half:
-        why = (f"{trace.settings.dtype} rounds a tree forward and a one-token forward differently, which can flip "
-               "a near-tie")
+        why = (f"the {trace.settings.dtype} path rounds a tree forward and a one-token forward differently, which "
+               "can flip a near-tie")
     else:
         why = "floating-point ties in the tree forward"
     return f"differs from AR from token {diverges}: {why}"

@@ -1,5 +1,5 @@
 """The int4 path: GGUF Q4_1 blocks read as stored, 4-bit products that equal their dequantized weights, rows
-computed alike whatever their number, and greedy speculation equal to this path's own AR."""
+computed alike whatever their number, and greedy speculation that follows this path's own AR (up to rounding)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,9 @@ def test_the_default_models_gguf_blocks_are_its_weights(default_blocks):
             assert torch.equal(dequantized, weights.get_tensor(name + ".weight")), name
 
 
-def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
+def test_greedy_speculation_follows_int4_ar_on_the_default_model(default_blocks):
+    """Up to rounding: attention over a tree is not bit-identical to attention over one token, and the bf16 inputs
+    of the 4-bit products can turn that into a flipped near-tie (docs/design.md §15). Here no tie is near."""
     from gumiho.loader import build_engine
 
     engine = build_engine(threads=2, dtype="int4", trees="default")
