@@ -52,7 +52,7 @@ FIELDS = {
     "seed": Range("seed", 0, SEED_MAX),
     "top_k": Range("top-k", 1, 16),
     "depth": Range("depth", 1, 8),
-    "total_tokens": Range("total tokens", 2, 64),
+    "total_tokens": Range("total tokens", 1, 64),  # 1: the root alone, plain AR steps (what a slow machine picks)
     "mlptopk": Range("mlptopk", 1, 40),
     "pruning": Range("pruning", 1, 40),
     "tau_acc": Range("τ_acc", 0, 1, integer=False),
