@@ -50,7 +50,8 @@ class Choice:
         m = self.methods.get(method)
         if m is None or m.tree is None:
             return f"{head}, AR: expected {m.tokens_per_s:.0f} tokens/s" if m else head
-        tree = f"{METHOD_NAMES.get(method, method)} tree {m.tree.total_tokens} tokens, top_k {m.tree.top_k}"
+        n = m.tree.total_tokens
+        tree = f"{METHOD_NAMES.get(method, method)} tree {n} token{'s' if n != 1 else ''}, top_k {m.tree.top_k}"
         return f"{head}, {tree}: expected {m.speedup:.2f}x over AR" + (f" ({m.note})" if m.note else "")
 
     def to_dict(self) -> dict:

@@ -3,9 +3,10 @@ machine profile considers, against fp32 AR on the same prompts.
 
     python -m gumiho.bench.paths --limit 2              # 2 prompts of each benchmark set, 128 new tokens
 
-Per path: tokens/s (paths interleaved per prompt, so drift hits them alike), the share of prompts whose output
-equals fp32's token for token, the mean fraction of fp32's tokens reproduced before the first difference, and the
-output's perplexity under the fp32 target (fp32 AR's own is the floor). Writes a markdown table and a CSV.
+Per path: tokens_per_s (paths interleaved per prompt, so drift hits them alike) and vs_first; same_as_first, the
+share of prompts whose output equals the first path's (fp32's) token for token; first_kept, the mean fraction of
+fp32's tokens reproduced before the first difference; perplexity, the output's under the fp32 target (fp32 AR's
+own is the floor). Writes a markdown table and a CSV.
 """
 
 from __future__ import annotations
@@ -54,11 +55,10 @@ def compare_paths(base: Target, paths: list[ExecPath], prompts: list[list[int]],
             row["prefix"] += common_prefix(output, reference) / max(len(reference), 1)
             row["ppl"] += perplexity(base, ids, output)
     n = len(prompts)
-    return pd.DataFrame([{"path": label, "tokens/s": r["tokens"] / r["seconds"],
-                          "vs first": (r["tokens"] / r["seconds"]) / (rows[paths[0].label]["tokens"]
-                                                                      / rows[paths[0].label]["seconds"]),
-                          "outputs equal to fp32": r["equal"] / n, "fp32 tokens kept": r["prefix"] / n,
-                          "perplexity": r["ppl"] / n} for label, r in rows.items()])
+    first = rows[paths[0].label]["tokens"] / rows[paths[0].label]["seconds"]
+    return pd.DataFrame([{"path": label, "tokens_per_s": r["tokens"] / r["seconds"],
+                          "vs_first": (r["tokens"] / r["seconds"]) / first, "same_as_first": r["equal"] / n,
+                          "first_kept": r["prefix"] / n, "perplexity": r["ppl"] / n} for label, r in rows.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
