@@ -319,9 +319,11 @@ class TreeSettings:
 
     def lookup_tree(self, device_type: str = "cpu") -> TreeSettings:
         """The prompt-lookup tree a cycle switches to under `lookup_merge`: lookup's default, matching at least
-        `lookup_merge` tokens."""
+        `lookup_merge` tokens, within this tree's budget (lookup's own where this tree is the root alone)."""
         base = TreeSettings.default("lookup", device_type)
-        return replace(base, min_ngram=self.lookup_merge, max_ngram=max(base.max_ngram, self.lookup_merge))
+        total = min(base.total_tokens, self.total_tokens) if self.total_tokens > 1 else base.total_tokens
+        return replace(base, min_ngram=self.lookup_merge, max_ngram=max(base.max_ngram, self.lookup_merge),
+                       total_tokens=total)
 
 
 def _lookup_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
