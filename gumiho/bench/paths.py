@@ -6,7 +6,8 @@ machine profile considers, against fp32 AR on the same prompts.
 Per path: tokens_per_s (paths interleaved per prompt, so drift hits them alike) and vs_first; same_as_first, the
 share of prompts whose output equals the first path's (fp32's) token for token; first_kept, the mean fraction of
 fp32's tokens reproduced before the first difference; perplexity, the output's under the fp32 target (fp32 AR's
-own is the floor). Writes a markdown table and a CSV.
+own is the floor). Writes the table as markdown (`<name>.md`; the app's Benchmarks tab reads the bench's runs, not
+this).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=positive, default=2, help="prompts per benchmark set (default 2)")
     parser.add_argument("--max-new-tokens", type=positive, default=128)
     parser.add_argument("--threads", type=positive)
-    parser.add_argument("--out", default="assets/bench", help="folder for <name>.md and <name>.csv")
+    parser.add_argument("--out", default="assets/bench", help="folder for <name>.md")
     parser.add_argument("--name", default="paths")
     args = parser.parse_args(argv)
     quiet_libraries()
@@ -85,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         table = compare_paths(base, paths, prompts, args.max_new_tokens)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / f"{args.name}.csv", index=False)
         machine = describe(base.device, base.dtype, False, base.forward)["description"]
         command = "python -m gumiho.bench.paths " + " ".join(argv if argv is not None else sys.argv[1:])
         text = (f"# Every execution path: speed and what it costs in output\n\n`{command}`: greedy AR on each path, "
