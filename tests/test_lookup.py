@@ -20,6 +20,7 @@ from gumiho.trace import METHODS
 from gumiho.tree import TreeSettings, build_tree
 
 from .conftest import tiny_target
+from .test_mjsd import run_cli
 
 TREE = TreeSettings.default("lookup", "cpu")
 
@@ -168,15 +169,6 @@ def test_greedy_lookup_equals_ar_on_the_default_model(smollm):
 
 
 # --- the command line ------------------------------------------------------------------------------------------------
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(["generate", "--prompt", "hi", *args])
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("args,message", [
     (["--method", "lookup", "--max-ngram", "-1"], "argument --max-ngram: must be >= 1"),
     (["--method", "lookup", "--min-ngram", "-2"], "argument --min-ngram: must be >= 1"),
