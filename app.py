@@ -37,16 +37,21 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("app").setLevel(logging.INFO)  # the app's own progress (engine loading, refused calls)
 
+    from app.gpu import on_space, on_zero_gpu
     from app.layout import build_app, launch
-    from app.service import EngineLoader
+    from app.service import EngineLoader, load_default_engine
     from app.validate import Limits
 
     limits = Limits(args.max_prompt_tokens, args.max_new_tokens_limit, args.max_run_seconds)
-    from app.service import load_default_engine
-
     drafters = {"eagle2": args.eagle2_drafter, "gumiho": args.gumiho_drafter}
-    loader = EngineLoader(partial(load_default_engine, model=args.model, drafters=drafters, device=args.device,
-                                  dtype=args.dtype)).start()
+    zero_gpu = on_zero_gpu()
+    loader = EngineLoader(partial(load_default_engine, model=args.model, drafters=drafters,
+                                  device=args.device or ("cuda" if zero_gpu else None), dtype=args.dtype,
+                                  deferred=zero_gpu, install_model=on_space()), deferred=zero_gpu)
+    if zero_gpu:  # ZeroGPU captures the model's placement on cuda in the main thread, before launch (app/gpu.py)
+        loader.load()
+    else:  # the page is served at once, with the recorded runs, while the model loads
+        loader.start()
     launch(build_app(loader, limits), host=args.host, port=args.port, share=args.share, queue_size=args.queue_size)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, fields
@@ -21,7 +22,7 @@ import plotly.graph_objects as go
 from gumiho.errors import GumihoError
 from gumiho.trace import GenerationTrace
 
-from . import figures, validate
+from . import figures, gpu, render, validate
 from .render import is_reference
 from .examples import Example
 from .service import (
@@ -30,22 +31,20 @@ from .service import (
     EngineLoader,
     RunSettings,
     Sessions,
-    follow,
-    race,
     race_order,
     race_settings,
     save_traces,
-    stream,
 )
 from .style import method_name
 from .theory import Chain
 from .validate import InvalidInput, Limits, WrongType
-from .views import CycleView, ExploreView, RaceView, showcase_index
+from .views import CycleView, ExploreView, ProgressView, RaceView, showcase_index
 
 log = logging.getLogger(__name__)
 
-STREAM_EVERY_S = 0.3
-RACE_EVERY_S = 1.0
+STREAM_EVERY_S = 0.3  # an Explore run's text and caption
+FIGURE_EVERY_S = 1.0  # its tree and paths table (figures are the heavy part of an update)
+RACE_EVERY_S = 1.0  # a race's progress line and texts; its figures come once the race has ended
 PLAY, PAUSE = "▶ Play", "⏸ Pause"
 STOPPED_IN_QUEUE = "Stopped before it started (it was waiting for the engine)."
 BUSY = "A run is in progress: Stop it first."
@@ -53,9 +52,12 @@ Component = gr.components.Component
 
 
 def failure(exc: Exception) -> str:
-    """The visible message for an exception: the visitor's mistake as is (escaped), anything else as a short
-    apology (the exception goes to the log, not to the page)."""
-    if isinstance(exc, GumihoError):
+    """The visible message for an exception: the visitor's mistake as is (escaped), ZeroGPU's refusal as where to
+    go instead, anything else as a short apology (the exception goes to the log, not to the page)."""
+    if gpu.quota_exhausted(exc):
+        log.info("ZeroGPU refused a call: %s", exc)
+        message = f"⚠ {gpu.QUOTA_NOTE}"
+    elif isinstance(exc, GumihoError):
         message = f"⚠ {html.escape(str(exc), quote=False)}"
     else:
         log.exception("handler failed")
@@ -114,6 +116,10 @@ class ExploreParts(Parts):
     def cycle_values(self, view: CycleView) -> dict:
         return {self.output: view.output, self.cycle_info: view.caption, self.tree: view.tree, self.paths: view.paths}
 
+    def progress(self, view: ProgressView) -> dict:
+        return {self.summary: view.summary, self.output: view.output, self.cycle_info: view.caption,
+                self.cycle: gr.Slider(maximum=max(view.cycles - 1, 1), value=max(view.cycles - 1, 0))}
+
     def values(self, view: ExploreView, trace: GenerationTrace | None) -> dict:
         return {self.summary: view.summary, self.legend: view.legend, self.trace: trace,
                 self.cycle: gr.Slider(maximum=view.slider_max, value=view.cycle), **self.cycle_values(view.detail)}
@@ -160,6 +166,9 @@ class Handlers:
     racing: RaceParts
     status_line: gr.Markdown
     status_timer: gr.Timer
+
+    def __post_init__(self) -> None:
+        gpu.serve(self.loader)
 
     def status(self, method: str) -> dict:
         """The loading line; once the engine is ready, the tree panels get the defaults of its device."""
@@ -228,11 +237,15 @@ class Handlers:
                     return
                 config = settings.config(method, self.loader.default_tree(method))
                 yield {ui.message: f"Generating with {method_name(method)}…", ui.pick: None}
-                trace = None
-                run = stream(self.loader.engine, prompt, method, config, control, self.limits)
-                with closing(follow(run, STREAM_EVERY_S, control.stop)) as updates:
+                trace, drawn = None, 0.0
+                run = gpu.generate_traces(prompt, method, config, self.limits, control, STREAM_EVERY_S)
+                with closing(run) as updates:
                     for trace in updates:
-                        yield ui.values(ExploreView.of(trace), trace)
+                        if time.monotonic() - drawn >= FIGURE_EVERY_S:
+                            drawn = time.monotonic()
+                            yield ui.values(ExploreView.of(trace), trace)
+                        else:
+                            yield ui.progress(ProgressView.of(trace))
                 yield {ui.message: ending(control, trace, self.limits, done=True),
                        **ui.values(ExploreView.of(trace), trace), ui.download: save_traces([trace])[0]}
             except Exception as exc:
@@ -320,12 +333,13 @@ class Handlers:
                            for m, s in race_settings(settings, methods).items()}
                 yield {ui.pick: None}
                 traces: list[GenerationTrace] = []
-                runs = race(self.loader.engine, prompt, configs, control, self.limits, self.loader.reference())
-                with closing(follow(runs, RACE_EVERY_S, control.stop)) as updates:
-                    for traces in updates:
+                runs = gpu.race_traces(prompt, configs, self.limits, control, RACE_EVERY_S)
+                with closing(runs) as updates:
+                    for traces in updates:  # the text only while a method is timed; the figures at the end
                         running = method_name(traces[-1].method)
-                        yield {ui.message: f"Racing: {running} ({len(traces)} of {len(configs) + 1})…",
-                               **ui.values(traces)}
+                        yield {ui.message: f"Racing: {running} ({len(traces)} of {len(configs) + 1}), "
+                                           f"{traces[-1].new_tokens} tokens…",
+                               ui.texts: render.race_texts_html([t for t in traces if not is_reference(t)])}
                 engine_traces = [t for t in traces if not is_reference(t)]  # a replayable trace is an engine's
                 finished = len(engine_traces) == len(configs)
                 yield {ui.message: ending(control, engine_traces[-1] if engine_traces else None, self.limits,

