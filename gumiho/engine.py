@@ -23,6 +23,7 @@ from .choice import Choice
 from .drafters import Drafter, weight_free
 from .errors import GumihoError
 from .kv import keep_accepted
+from .node_probs import NodeChecks
 from .sampling import SamplingConfig, pick
 from .sizing import Sizer
 from .target import Target
@@ -293,7 +294,7 @@ class Run:
             # untraced runs time their cycles alike (the wall time still includes it).
             cycle.other_ms = (time.perf_counter() - t3) * 1e3
             if config.trace:
-                self._record_tree(cycle, tree, acceptance.per_path)
+                self._record_tree(cycle, tree, acceptance, logits)
                 trace.steps.append(cycle)
             yield cycle
 
@@ -302,17 +303,19 @@ class Run:
         trace.finish_reason = reason
         trace.wall_s = time.perf_counter() - start
 
-    def _record_tree(self, cycle: CycleTrace, tree: DraftTree, per_path: list[int]) -> None:
+    def _record_tree(self, cycle: CycleTrace, tree: DraftTree, acceptance: Acceptance, logits: LazyLogits) -> None:
         text = self.engine.token_text
         tokens = tree.tokens.tolist()
+        why = NodeChecks.of(tree, logits, acceptance, self.sampling)
         cycle.bonus_text = text(cycle.bonus_token)
         cycle.nodes = [
             TraceNode(id=i, token_id=tokens[i], text=text(tokens[i]), parent=tree.parents[i], depth=tree.depths[i],
-                      score=tree.scores[i], source=tree.sources[i])
+                      score=tree.scores[i], source=tree.sources[i], q=why.q[i], p=why.p[i], accept=why.accept[i],
+                      draw=why.draw[i])
             for i in range(tree.size)
         ]
         paths, filled = tree.paths.tolist(), tree.filled.tolist()
         cycle.paths = [
             TracePath(nodes=[n for n in row if n >= 0], filled=[f for n, f in zip(row, flags) if n >= 0], accepted=a)
-            for row, flags, a in zip(paths, filled, per_path)
+            for row, flags, a in zip(paths, filled, acceptance.per_path)
         ]

@@ -70,9 +70,10 @@ def verify_joint(tree: DraftTree, logits: torch.Tensor, log_q: Sequence[float], 
     n = tree.size - 1
     probs = probabilities(logits[:n], joint_distribution(cfg)).double()
     drafted = tree.tokens[1:].cpu()
-    p = probs.gather(1, drafted[:, None]).squeeze(1).cumprod(0).tolist()
+    steps = probs.gather(1, drafted[:, None])  # node i's row: p of its one child, node i + 1
+    p = steps.squeeze(1).cumprod(0).tolist()
     q = [math.exp(x) for x in log_q[:n]]
     length = accepted_length(p, q, threshold)
     bonus = pick(logits[length], cfg, generator)
-    return (Acceptance(nodes=list(range(length + 1)), bonus=bonus, path_row=0, per_path=[length]),
-            joint_checks(p, q, threshold))
+    return (Acceptance(nodes=list(range(length + 1)), bonus=bonus, path_row=0, per_path=[length],
+                       probs=dict(enumerate(steps))), joint_checks(p, q, threshold))

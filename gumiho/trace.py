@@ -1,11 +1,12 @@
 """What the engine records: one `CycleTrace` per target forward and a `GenerationTrace` per prompt.
 
-Schema (version 2), JSON-serialisable through `to_dict` / `from_dict` (version 1 files still load: their
-settings lack dtype, forward and choice, which read as float32, transformers and ""; the optional fields
-settings.approximate and a cycle's joint came later within version 2 and read as "" and [] when absent)
+Schema (version 3), JSON-serialisable through `to_dict` / `from_dict`. Older files still load: version 1 settings
+lack dtype, forward and choice, which read as float32, transformers and ""; the optional fields settings.approximate
+and a cycle's joint came later within version 2 and read as "" and [] when absent; version 2 nodes lack q, p, accept
+and draw, which read as null.
 
 GenerationTrace
-  schema            int, 2
+  schema            int, 3
   method            one of METHODS ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd", "lookup",
                     "recycle")
   model, drafter    names / paths ("" for AR and the methods without weights, lookup and recycle)
@@ -29,7 +30,18 @@ CycleTrace
   nodes             list[TraceNode]: id (0 = root), token_id, text, parent (-1 for the root), depth,
                     score (cumulative draft log-prob), source ("root", "serial-1", "serial-2", "mlp-3".."mlp-7",
                     "eagle-<depth>", "medusa-<depth>", "hydra-<depth>", "mjsd-<depth>", "lookup", "recycle"); the
-                    AR loop's tree is its root alone (MJSD's is a chain; lookup's too when nothing matched)
+                    AR loop's tree is its root alone (MJSD's is a chain; lookup's too when nothing matched);
+                    why the target kept or dropped the node's token (null for the root, and where unknown):
+                    q       the drafter's probability of the token at its parent, exp(score - parent's score)
+                            (null for lookup, whose score is not a probability)
+                    p       the target's, from the verification's row at its parent: the plain softmax when greedy
+                            (a node passes iff its token is that row's argmax), the run's sampling distribution
+                            (temperature, top-k, top-p) when sampling; null where that row was never computed (the
+                            target's head computes the rows the acceptance rule reads: under a rejected node, none)
+                    accept, draw   sampling only, for each child the rule tested: the test's threshold and the
+                            uniform draw; the token passes iff draw < accept. The draft token is a sure proposal
+                            (q' = 1), so accept = min(1, p'/q') = p', p with the siblings rejected before it removed
+                            and renormalised (p' = p for the first child tested)
   paths             list[TracePath]: nodes (ids root to leaf, FTA-filled included), filled (one flag per
                     position: borrowed by FTA), accepted (draft tokens of this path the target accepted)
   accepted_nodes    node ids of the accepted path, root first
@@ -52,14 +64,14 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The papers' order after AR, then MJSD (approximate), then the methods that draft without trained weights.
 METHODS = ("ar", "medusa", "hydra", "eagle1", "eagle2", "gumiho", "mjsd", "lookup", "recycle")
 DRAFTED_METHODS = tuple(m for m in METHODS if m != "ar")
 WEIGHT_FREE_METHODS = ("lookup", "recycle")  # prompt lookup, Token Recycling: no drafter folder (drafters.WEIGHT_FREE)
 METHOD_NAMES = {"ar": "AR", "medusa": "Medusa", "hydra": "Hydra", "eagle1": "EAGLE", "eagle2": "EAGLE-2",
                 "gumiho": "Gumiho", "mjsd": "MJSD", "lookup": "Prompt lookup", "recycle": "Token Recycling"}
-READABLE_SCHEMAS = (1, 2)
+READABLE_SCHEMAS = (1, 2, 3)
 
 
 class TraceError(ValueError):
@@ -75,6 +87,10 @@ class TraceNode:
     depth: int
     score: float
     source: str
+    q: float | None = None
+    p: float | None = None
+    accept: float | None = None
+    draw: float | None = None
 
 
 @dataclass
@@ -225,6 +241,10 @@ def _cycle_from_dict(data: dict) -> CycleTrace:
     return _build(CycleTrace, data, nodes=nodes, paths=paths, joint=joint)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check(trace: GenerationTrace) -> None:
     if trace.method not in METHODS:
         raise TraceError(f"unknown method {trace.method!r}")
@@ -234,9 +254,10 @@ def _check(trace: GenerationTrace) -> None:
         ids = {n.id for n in step.nodes}
         for n in step.nodes:
             numbers = (n.token_id, n.parent, n.depth, n.score)
-            if not isinstance(n.text, str) or not isinstance(n.source, str) or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+            if not isinstance(n.text, str) or not isinstance(n.source, str) or not all(_number(v) for v in numbers):
                 raise TraceError(f"cycle {step.index}: node {n.id} has a field of the wrong type")
+            if any(v is not None and not _number(v) for v in (n.q, n.p, n.accept, n.draw)):
+                raise TraceError(f"cycle {step.index}: node {n.id} has a probability that is not a number")
             if n.parent != -1 and (n.parent not in ids or n.parent >= n.id):
                 raise TraceError(f"cycle {step.index}: node {n.id} has a parent {n.parent} that is not before it")
         for p in step.paths:
@@ -250,6 +271,5 @@ def _check(trace: GenerationTrace) -> None:
             raise TraceError(f"cycle {step.index}: the accepted path names nodes that are not in the tree")
         for i, check in enumerate(step.joint, start=1):
             numbers = (check.p, check.q, check.ratio)
-            if check.length != i or not isinstance(check.passed, bool) or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+            if check.length != i or not isinstance(check.passed, bool) or not all(_number(v) for v in numbers):
                 raise TraceError(f"cycle {step.index}: joint check {i} is out of order or has a field of the wrong type")

@@ -7,12 +7,13 @@ Sampling (T > 0): recursive rejection over the tree's distinct children with a d
 At the current node with target distribution p, child x is accepted with probability p(x); on rejection p(x) is
 set to 0 and p renormalised before the next child is tried. When every child is rejected, the bonus token is drawn
 from that residual; when the walk reaches a leaf, from p at the leaf. Each emitted token is distributed exactly as
-the target's (processed) distribution, so the method is lossless.
+the target's (processed) distribution, so the method is lossless. The walk keeps what it already computed for the
+trace: p of every child of a node it visited, and each test's threshold and uniform draw.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -63,6 +64,9 @@ class Acceptance:
     bonus: int  # token id the target adds after the path
     path_row: int  # the row of tree.paths that the accepted path follows
     per_path: list[int]  # draft tokens accepted along each path row
+    # What the rule computed anyway, kept for the trace (node_probs.py); tensors stay tensors until it is recorded.
+    probs: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> p of its children's tokens, in child order
+    tests: dict[int, tuple[float, float]] = field(default_factory=dict)  # sampled: child -> (threshold, draw)
 
 
 def _per_path(tree: DraftTree, nodes: list[int]) -> list[int]:
@@ -114,12 +118,18 @@ def verify_sampling(
     children = tree.children()
     tokens = tree.tokens.tolist()
     node, nodes = 0, [0]
+    probs: dict[int, torch.Tensor] = {}
+    tests: dict[int, tuple[float, float]] = {}
     while True:
         p = probabilities(logits[node], cfg)
+        if children[node]:
+            probs[node] = p[[tokens[c] for c in children[node]]]  # a copy, before the residual changes p
         next_node = None
         for child in children[node]:
             x = tokens[child]
-            if float(torch.rand((), generator=generator)) < float(p[x]):
+            threshold, draw = float(p[x]), float(torch.rand((), generator=generator))
+            tests[child] = (threshold, draw)
+            if draw < threshold:
                 next_node = child
                 break
             p[x] = 0.0
@@ -138,7 +148,7 @@ def verify_sampling(
             break
     per_path = _per_path(tree, nodes)
     row = next(r for r, k in enumerate(per_path) if k == len(nodes) - 1)
-    return Acceptance(nodes=nodes, bonus=bonus, path_row=row, per_path=per_path)
+    return Acceptance(nodes=nodes, bonus=bonus, path_row=row, per_path=per_path, probs=probs, tests=tests)
 
 
 def verify(tree: DraftTree, logits: torch.Tensor | LazyLogits, cfg: SamplingConfig,

@@ -24,7 +24,8 @@ def test_round_trip(trace):
     assert again == trace
     data = json.loads(text)
     assert data["tau"] == pytest.approx(trace.tau) and data["new_tokens"] == 20
-    assert data["steps"][0]["nodes"][0]["source"] == "root"
+    assert data["schema"] == 3 and data["steps"][0]["nodes"][0]["source"] == "root"
+    assert data["steps"][0]["nodes"][0]["p"] is None and data["steps"][0]["nodes"][1]["q"] is not None
 
 
 @pytest.mark.parametrize("method", ["ar", *DRAFTED])
@@ -56,6 +57,8 @@ def test_trace_off_keeps_the_numbers_but_not_the_trees():
     (lambda d: d["steps"][0]["nodes"][1].update(id=7), "node ids must be 0, 1, 2"),
     (lambda d: d["steps"][0]["nodes"][1].update(score="high"), "wrong type"),
     (lambda d: d["steps"][0]["nodes"][1].update(text=None), "wrong type"),
+    (lambda d: d["steps"][0]["nodes"][1].update(q="likely"), "not a number"),
+    (lambda d: d["steps"][0]["nodes"][1].update(draw=True), "not a number"),
 ])
 def test_invalid_traces_are_rejected_with_a_reason(trace, mutate, message):
     data = json.loads(trace.to_json())
