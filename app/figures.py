@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -27,8 +28,31 @@ from .style import (
 
 EDGE_COLOR = "#cbd5e1"
 FONT = dict(family="system-ui, sans-serif", size=12)
-ROW_PX = 36  # one leaf row of a draft tree: a node with its label above it
 LABEL_ROOM = 0.9  # rows above the top row, so its labels stay inside the plot
+
+
+@dataclass(frozen=True)
+class FigureStyle:
+    """Sizes of the figures' text (px), markers (px) and lines (px): NORMAL on the page, LARGE in presenter view,
+    to be read from the back of a room."""
+
+    font: int = 12  # labels, ticks, axis titles, legend
+    title: int = 14
+    subtitle: int = 16  # a subplot's title (Plotly's own size)
+    node: int = 13  # a draft-tree node
+    root: int = 16
+    bonus: int = 20  # the bonus token's star
+    edge: float = 1.5  # draft edges, FTA-borrowed segments
+    accepted: float = 5  # the accepted path
+    line: float = 3  # the bonus link, the race's lines
+    thin: float = 2  # τ per cycle
+    point: int = 5  # τ per cycle's markers
+    row_px: int = 36  # one leaf row of a draft tree: a node with its label above it
+
+
+NORMAL = FigureStyle()
+LARGE = FigureStyle(font=18, title=24, subtitle=20, node=20, root=24, bonus=30, edge=3, accepted=8, line=5, thin=3,
+                    point=9, row_px=58)
 
 
 def _label(text: str, width: int = 10) -> str:
@@ -36,25 +60,29 @@ def _label(text: str, width: int = 10) -> str:
     return html.escape(token_label(text, width), quote=False)
 
 
-def _base_layout(fig: go.Figure, title: str, height: int) -> go.Figure:
-    fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=14)),
+def _base_layout_dict(title: str, height: int, style: FigureStyle = NORMAL) -> dict:
+    return dict(
+        title=dict(text=title, x=0.01, font=dict(size=style.title)),
         height=height,
         margin=dict(l=40, r=20, t=60, b=40),
-        font=FONT,
+        font=dict(FONT, size=style.font),
         plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
     )
-    return fig
 
 
-def empty_figure(message: str, height: int = 300) -> go.Figure:
+def _base_layout(fig: go.Figure, title: str, height: int, style: FigureStyle = NORMAL) -> go.Figure:
+    return fig.update_layout(_base_layout_dict(title, height, style))
+
+
+def empty_figure(message: str, height: int = 300, style: FigureStyle = NORMAL) -> go.Figure:
     """A blank plot that says why there is nothing to draw."""
     fig = go.Figure()
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=14))
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=style.title))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return _base_layout(fig, "", height)
+    return _base_layout(fig, "", height, style)
 
 
 # ---------------------------------------------------------------------------------------------- draft tree
@@ -112,34 +140,39 @@ def _node_hover(node: TraceNode, accepted: bool) -> str:
     return "<br>".join(lines)
 
 
-def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
-    """One cycle's draft tree: nodes coloured by head and shaded by score, accepted path, FTA segments, bonus."""
+def _lines(pairs: list[tuple[int, int]], pos: dict[int, tuple[float, float]], **style) -> dict:
+    xs, ys = _segments(pairs, pos)
+    return dict(type="scatter", x=xs, y=ys, mode="lines", hoverinfo="skip", **style)
+
+
+def tree_spec(cycle: CycleTrace, title: str | None = None, style: FigureStyle = NORMAL) -> dict:
+    """One cycle's draft tree as a Plotly figure's plain data ({"data": [...], "layout": {...}}): nodes coloured by
+    head and shaded by score, accepted path, FTA segments, bonus. Plain data skips Plotly's checks, which cost about
+    25 ms a tree: `python -m gumiho page` draws every cycle of many runs."""
     if not cycle.nodes:
-        return empty_figure("this trace has no draft tree for this cycle")
+        return empty_figure("this trace has no draft tree for this cycle", style=style).to_plotly_json()
     pos = tree_layout(cycle.nodes)
     accepted = set(cycle.accepted_nodes)
-    fig = go.Figure()
-
-    edges = [(n.parent, n.id) for n in cycle.nodes if n.parent >= 0]
-    xs, ys = _segments(edges, pos)
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="draft edge", line=dict(color=EDGE_COLOR, width=1.5),
-                             hoverinfo="skip", showlegend=False))
     chain = list(zip(cycle.accepted_nodes, cycle.accepted_nodes[1:]))
-    xs, ys = _segments(chain, pos)
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="accepted path", line=dict(color=ACCEPTED_COLOR, width=5),
-                             hoverinfo="skip", visible=True if chain else "legendonly"))
+    data = [
+        _lines([(n.parent, n.id) for n in cycle.nodes if n.parent >= 0], pos, name="draft edge",
+               line=dict(color=EDGE_COLOR, width=style.edge), showlegend=False),
+        _lines(chain, pos, name="accepted path", line=dict(color=ACCEPTED_COLOR, width=style.accepted),
+               visible=True if chain else "legendonly"),
+    ]
     filled = fta_segments(cycle)
     if filled:
-        xs, ys = _segments(filled, pos)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="FTA-borrowed", opacity=0.7,
-                                 line=dict(color=FTA_COLOR, width=1.5, dash="dash"), hoverinfo="skip"))
+        data.append(_lines(filled, pos, name="FTA-borrowed", opacity=0.7,
+                           line=dict(color=FTA_COLOR, width=style.edge, dash="dash")))
 
     lowest = min(n.score for n in cycle.nodes)
     for source in sorted({n.source for n in cycle.nodes}, key=source_order):
         group = [n for n in cycle.nodes if n.source == source]
-        # Shade: the cumulative draft log-prob relative to this tree's lowest (root and best = opaque).
-        opacity = [1.0 if lowest == 0 else 0.3 + 0.7 * (1 - n.score / lowest) for n in group]
-        fig.add_trace(go.Scatter(
+        # Shade: the cumulative draft log-prob relative to this tree's lowest (root and best = opaque); 3 decimals
+        # are all an eye can tell apart, and keep a page of every tree small.
+        opacity = [1.0 if lowest == 0 else round(0.3 + 0.7 * (1 - n.score / lowest), 3) for n in group]
+        data.append(dict(
+            type="scatter",
             x=[pos[n.id][0] for n in group],
             y=[pos[n.id][1] for n in group],
             mode="markers+text",
@@ -150,7 +183,7 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
             hovertext=[_node_hover(n, n.id in accepted) for n in group],
             hoverinfo="text",
             marker=dict(
-                size=16 if source == "root" else 13,
+                size=style.root if source == "root" else style.node,
                 color=source_color(source),
                 opacity=opacity,
                 line=dict(color=[ACCEPTED_COLOR if n.id in accepted else "white" for n in group],
@@ -160,55 +193,66 @@ def tree_figure(cycle: CycleTrace, title: str | None = None) -> go.Figure:
 
     last = cycle.accepted_nodes[-1] if cycle.accepted_nodes else cycle.nodes[0].id
     bx, by = pos[last][0] + 0.5, pos[last][1] + 0.5  # between the depth columns, so it never hides a node
-    fig.add_trace(go.Scatter(x=[pos[last][0], bx], y=[pos[last][1], by], mode="lines", showlegend=False,
-                             line=dict(color=BONUS_COLOR, width=3, dash="dot"), hoverinfo="skip"))
-    fig.add_trace(go.Scatter(
-        x=[bx], y=[by], mode="markers+text", name="bonus (target's token)", text=[_label(cycle.bonus_text)],
-        textposition="bottom center", marker=dict(symbol="star", size=20, color=BONUS_COLOR, line=dict(width=1)),
+    data.append(dict(type="scatter", x=[pos[last][0], bx], y=[pos[last][1], by], mode="lines", showlegend=False,
+                     line=dict(color=BONUS_COLOR, width=style.line, dash="dot"), hoverinfo="skip"))
+    data.append(dict(
+        type="scatter", x=[bx], y=[by], mode="markers+text", name="bonus (target's token)",
+        text=[_label(cycle.bonus_text)], textposition="bottom center",
+        marker=dict(symbol="star", size=style.bonus, color=BONUS_COLOR, line=dict(width=1)),
         hovertext=[f"<b>{_label(cycle.bonus_text, 24)}</b><br>bonus token: the target's own next token"],
         hoverinfo="text",
     ))
 
     leaves = max(y for _, y in pos.values()) + 1
     depth = max(x for x, _ in pos.values()) + 1
-    fig.update_xaxes(title="depth (draft tokens after the root)", tickmode="linear", dtick=1,
-                     range=[-0.5, depth + 0.5], showgrid=False, zeroline=False)
-    fig.update_yaxes(visible=False, range=[leaves + 0.4, -LABEL_ROOM])  # reversed: the first row at the top
     if title is None:
         title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
                  f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
-    # Rows plus the label room above and below get ROW_PX each, on top of the title, axis and margins, so a small
-    # tree (one or two rows) keeps as much room per row, and its labels stay inside the plot, as a large one.
-    _base_layout(fig, html.escape(title, quote=False), int(160 + ROW_PX * (leaves + 0.4 + LABEL_ROOM)))
-    return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, x=1.01), margin=dict(t=40))
+    # Rows plus the label room above and below get a row's pixels each, on top of the title, axis and margins, so a
+    # small tree (one or two rows) keeps as much room per row, and its labels stay inside the plot, as a large one.
+    layout = _base_layout_dict(html.escape(title, quote=False),
+                               int(160 + style.row_px * (leaves + 0.4 + LABEL_ROOM)), style)
+    layout.update(
+        xaxis=dict(title=dict(text="depth (draft tokens after the root)"), tickmode="linear", dtick=1,
+                   range=[-0.5, depth + 0.5], showgrid=False, zeroline=False),
+        yaxis=dict(visible=False, range=[leaves + 0.4, -LABEL_ROOM]),  # reversed: the first row at the top
+        legend=dict(orientation="v", yanchor="top", y=1.0, x=1.01),
+        margin=dict(layout["margin"], t=40),
+    )
+    return {"data": data, "layout": layout}
+
+
+def tree_figure(cycle: CycleTrace, title: str | None = None, style: FigureStyle = NORMAL) -> go.Figure:
+    """`tree_spec` as a figure."""
+    return go.Figure(tree_spec(cycle, title, style))
 
 
 # ---------------------------------------------------------------------------------------------- race charts
 
 
-def _name(trace: GenerationTrace) -> str:
+def run_name(trace: GenerationTrace) -> str:
     fta = " +FTA" if trace.settings.fta_applied else ""
     return method_name(trace.method) + fta
 
 
-def race_timeline_figure(traces: list[GenerationTrace]) -> go.Figure:
+def race_timeline_figure(traces: list[GenerationTrace], style: FigureStyle = NORMAL) -> go.Figure:
     """Cumulative output tokens against wall time, one line per method."""
     fig = go.Figure()
     for trace in traces:
         seconds, counts = timeline(trace)
-        fig.add_trace(go.Scatter(x=seconds, y=counts, mode="lines", name=_name(trace), line_shape="hv",
-                                 line=dict(color=METHOD_COLORS.get(trace.method), width=3)))
+        fig.add_trace(go.Scatter(x=seconds, y=counts, mode="lines", name=run_name(trace), line_shape="hv",
+                                 line=dict(color=METHOD_COLORS.get(trace.method), width=style.line)))
     fig.update_xaxes(title="wall time (s)", rangemode="tozero", gridcolor="#eee")
     fig.update_yaxes(title="tokens generated", rangemode="tozero", gridcolor="#eee")
-    return _base_layout(fig, "Tokens over time (prefill included)", 380)
+    return _base_layout(fig, "Tokens over time (prefill included)", 380, style)
 
 
-def race_timing_figure(traces: list[GenerationTrace]) -> go.Figure:
+def race_timing_figure(traces: list[GenerationTrace], style: FigureStyle = NORMAL) -> go.Figure:
     """Per-cycle stacked bars of draft / verify / other time, one row per method."""
     if not traces:
-        return empty_figure("no runs yet")
+        return empty_figure("no runs yet", style=style)
     fig = make_subplots(rows=len(traces), cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=[_name(t) for t in traces])
+                        subplot_titles=[run_name(t) for t in traces])
     for row, trace in enumerate(traces, 1):
         cycles = [c.index for c in trace.steps]
         for part in ("draft", "verify", "other"):
@@ -218,24 +262,27 @@ def race_timing_figure(traces: list[GenerationTrace]) -> go.Figure:
         fig.update_yaxes(title_text="ms", row=row, col=1, gridcolor="#eee")
     fig.update_layout(barmode="stack", bargap=0.1)
     fig.update_xaxes(title_text="cycle", row=len(traces), col=1)
-    return _base_layout(fig, "Where each cycle's time goes", 160 + 160 * len(traces))
+    fig.update_annotations(font_size=style.subtitle)
+    return _base_layout(fig, "Where each cycle's time goes", 160 + 160 * len(traces), style)
 
 
-def race_tau_figure(traces: list[GenerationTrace]) -> go.Figure:
+def race_tau_figure(traces: list[GenerationTrace], style: FigureStyle = NORMAL) -> go.Figure:
     """Tokens per verification forward: per cycle (left) and their histogram (right)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38],
                         subplot_titles=["τ per cycle (accepted + bonus)", "histogram"])
     for trace in traces:
         per_cycle = tokens_per_cycle(trace)
         color = METHOD_COLORS.get(trace.method)
-        fig.add_trace(go.Scatter(x=list(range(len(per_cycle))), y=per_cycle, mode="lines+markers", name=_name(trace),
-                                 legendgroup=trace.method, line=dict(color=color), marker=dict(size=5)), row=1, col=1)
+        fig.add_trace(go.Scatter(x=list(range(len(per_cycle))), y=per_cycle, mode="lines+markers", name=run_name(trace),
+                                 legendgroup=trace.method, line=dict(color=color, width=style.thin),
+                                 marker=dict(size=style.point)), row=1, col=1)
         counts = Counter(per_cycle)
         lengths = sorted(counts)
-        fig.add_trace(go.Bar(x=lengths, y=[counts[n] for n in lengths], name=_name(trace), legendgroup=trace.method,
+        fig.add_trace(go.Bar(x=lengths, y=[counts[n] for n in lengths], name=run_name(trace), legendgroup=trace.method,
                              showlegend=False, marker_color=color), row=1, col=2)
     fig.update_layout(barmode="group")
-    _base_layout(fig, "τ: tokens per target forward", 380)
+    fig.update_annotations(font_size=style.subtitle)
+    _base_layout(fig, "τ: tokens per target forward", 380, style)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(b=80))
     fig.update_xaxes(title_text="cycle", row=1, col=1)
     fig.update_xaxes(title_text="tokens per cycle", dtick=1, row=1, col=2)

@@ -1,4 +1,5 @@
-"""Command line: `python -m gumiho generate|bench|train ...` (bench and train live in their own packages)."""
+"""Command line: `python -m gumiho generate|bench|train|page ...` (bench, train, export and page live in their own
+packages)."""
 
 from __future__ import annotations
 
@@ -144,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("train", help="train a drafter (python -m gumiho train --help)", add_help=False)
     commands.add_parser("export", help="write a drafter in the papers' formats (python -m gumiho export --help)",
                         add_help=False)
+    commands.add_parser("page", help="a folder that replays traces with no server (python -m gumiho page --help)",
+                        add_help=False)
     return parser
 
 
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        if argv and argv[0] in ("bench", "train", "export"):
+        if argv and argv[0] in ("bench", "train", "export", "page"):
             import importlib
 
             return importlib.import_module(f"gumiho.{argv[0]}.__main__").main(argv[1:])
