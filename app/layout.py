@@ -13,6 +13,7 @@ from .blocks import Blocks
 from .examples import PROMPTS, Example, load_examples
 from .handlers import PLAY, ExploreParts, Handlers, RaceParts, tau_calculator
 from .lesson import lesson_parts
+from .page_download import page_file, wire_page_download
 from .service import RACE_DEFAULT, EngineLoader, Sessions
 from .style import CSS, method_name
 from .validate import FIELDS, Limits
@@ -90,6 +91,8 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                     download = gr.DownloadButton("Download trace (JSON)",
                                                  value=str(first.path(explore_trace.method)) if first else None)
                     upload = gr.UploadButton("Replay a trace (JSON)", file_types=[".json"])
+                    explore_page = gr.Button("Download as a page", elem_classes="gm-extra")
+                explore_page_file = page_file()
                 pick = gr.Dropdown([c for e in examples for c in e.choices()], label="Recorded examples",
                                    value=f"{first.name}/{explore_trace.method}" if first else None)
                 view = ExploreView.of(explore_trace, showcase_index(explore_trace) if explore_trace else None)
@@ -137,6 +140,8 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                     race_stop = gr.Button("Stop", variant="stop")
                     race_upload = gr.UploadButton("Replay traces (JSON, one per method)", file_types=[".json"],
                                                   file_count="multiple")
+                    race_page = gr.Button("Download as a page", elem_classes="gm-extra")
+                race_page_file = page_file()
                 race_pick = gr.Dropdown([(e.prompt, e.name) for e in examples], label="Recorded races",
                                         value=first.name if first else None)
                 recorded = list(first.traces) if first else []
@@ -170,6 +175,8 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                                                   "top_p": top_p, **{n: b for n, b in tree.items() if n != "fta"}})
         _check_ranges(handlers, racing.message, {"temperature": race_temperature, "max_new_tokens": race_max_new,
                                                  "top_k": race_top_k, "total_tokens": race_total})
+        wire_page_download(explore_page, explore_page_file, explore.trace, explore.message)
+        wire_page_download(race_page, race_page_file, racing.traces, racing.message)
     return demo
 
 

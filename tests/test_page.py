@@ -3,12 +3,14 @@ headless Chromium from file:// with the network blocked."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ from app.figures import run_name
 from gumiho.page import group_by_prompt, read_traces, write_page, write_zip
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*/*.json"))
+EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*/*.json"))  # a folder per prompt, a file per method
+PROMPTS = len({p.parent for p in EXAMPLES})
 HAIKU = ROOT / "assets" / "traces" / "3-haiku"
 CHROMIUM = "/usr/bin/chromium"
 EVIL = "<script>alert(1)</script>"
@@ -49,11 +52,14 @@ def evil_page(tmp_path_factory) -> Path:
     return folder / "site"
 
 
+def embedded(index: str) -> dict:
+    """The runs embedded in an index.html (gzipped JSON in hex digits)."""
+    digits = re.search(r'<script type="text/plain" id="gm-data">([0-9a-f]+)</script>', index).group(1)
+    return json.loads(gzip.decompress(bytes.fromhex(digits)))
+
+
 def page_data(folder: Path) -> dict:
-    """The runs embedded in index.html."""
-    index = (folder / "index.html").read_text(encoding="utf-8")
-    found = re.search(r'<script type="application/json" id="gm-data">(.*?)</script>', index, re.S)
-    return json.loads(found.group(1))
+    return embedded((folder / "index.html").read_text(encoding="utf-8"))
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
@@ -71,8 +77,8 @@ def cli(capsys, *args: str) -> tuple[int, str]:
 def test_the_examples_make_a_small_self_contained_folder(examples_page):
     out, done, seconds = examples_page
     assert done.returncode == 0, done.stderr
-    assert re.fullmatch(r"wrote .*index\.html: 27 runs of 3 prompts, [\d.]+ MB with its assets, in [\d.]+ s\n",
-                        done.stderr)
+    assert re.fullmatch(rf"wrote .*index\.html: {len(EXAMPLES)} runs of {PROMPTS} prompts, [\d.]+ MB with its "
+                        r"assets, in [\d.]+ s\n", done.stderr)
     assert {p.name for p in out.iterdir()} == FILES
     size = sum(p.stat().st_size for p in out.iterdir())
     assert size < 10 * 2**20, f"{size / 2**20:.1f} MiB"
@@ -95,9 +101,9 @@ def test_the_folder_is_a_static_space(examples_page):
 
 def test_every_cycle_of_every_run_is_in_the_page(examples_page):
     data = page_data(examples_page[0])
-    assert "3 different prompts" in data["note"]
+    assert f"{PROMPTS} different prompts" in data["note"]
     groups = group_by_prompt(read_traces([str(p) for p in EXAMPLES]))
-    assert [len(g) for g in groups] == [9, 9, 9] and all(g[-1].method == "ar" for g in groups)  # the app's order
+    assert len(groups) == PROMPTS and all(g[-1].method == "ar" for g in groups)  # the app's order: AR last
     for shown, traces in zip(data["groups"], groups, strict=True):
         assert shown["prompt"] == traces[0].prompt and shown["race"] is not None
         assert [r["label"] for r in shown["runs"]] == [run_name(t) for t in traces]
@@ -165,16 +171,16 @@ def test_markup_in_a_trace_cannot_become_a_tag(evil_page):
     index = (evil_page / "index.html").read_text(encoding="utf-8")
     scripts = re.findall(r"<script([^>]*)>(.*?)</script>", index, re.S)
     assert index.count("<script") == len(scripts) == 3  # the data, plotly.min.js and page.js
-    assert [attributes for attributes, _ in scripts] == [' type="application/json" id="gm-data"',
-                                                         ' src="plotly.min.js"', ' src="page.js"']
-    embedded = scripts[0][1]
-    assert "alert(1)" in embedded and not set("<>&") & set(embedded)  # nothing in it can end the element
-    assert "<img" not in index
+    assert [attributes for attributes, _ in scripts] == [' type="text/plain" id="gm-data"', ' src="plotly.min.js"',
+                                                         ' src="page.js"']
+    assert re.fullmatch("[0-9a-f]+", scripts[0][1])  # nothing in the data can end the element
+    assert "alert" not in index and "<img" not in index
     data = page_data(evil_page)
     group = next(g for g in data["groups"] if g["prompt"] == EVIL)  # the text itself survives, for textContent
     run = group["runs"][0]
     for markup in (run["output"], run["cycles"][0]["caption"], json.dumps(run["cycles"][0]["tree"])):
         assert "<img" not in markup and "<script" not in markup and "</script" not in markup
+    assert "&lt;img src=x onerror=alert(2)&gt;" in run["output"]
 
 
 def test_the_app_download_is_the_same_folder_zipped(tmp_path):
@@ -185,6 +191,20 @@ def test_the_app_download_is_the_same_folder_zipped(tmp_path):
         index = archive.read("gumiho-page/index.html").decode()
     write_page(traces, tmp_path / "site")
     assert index == (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_app_button_zips_the_shown_runs_without_the_reference_row():
+    from app.page_download import NOTHING, READY, page_download
+
+    traces = read_traces([str(HAIKU / "gumiho.json"), str(HAIKU / "ar.json")])
+    reference = replace(traces[1], method="transformers-fp32")  # the race's plain generate row: no cycles to draw
+    download = page_download("file", "message")  # stand-ins for the components: the keys of what it changes
+    shown = download([*traces, reference])
+    assert shown["message"] == READY and shown["file"].visible
+    with zipfile.ZipFile(shown["file"].value["path"]) as archive:
+        data = embedded(archive.read("gumiho-page/index.html").decode())
+    assert [r["label"] for r in data["groups"][0]["runs"]] == ["Gumiho", "AR"]
+    assert download(None) == download([]) == {"message": NOTHING}
 
 
 # ---------------------------------------------------------------------------------------------- in a browser
@@ -250,10 +270,11 @@ def test_the_page_steps_through_cycles_with_the_arrow_keys(examples_tab):
     assert page.locator("#gm-runs button[aria-pressed=true]").inner_text() == "Gumiho"
     page.locator("#gm-cycle").fill("0")
     first = tree_state(page)
-    assert first[0] == "Cycle 0 of 33" and first[1].startswith("Cycle 0:")
+    last = re.fullmatch(r"Cycle 0 of (\d+)", first[0]).group(1)
+    assert first[1].startswith("Cycle 0:")
     page.keyboard.press("ArrowRight")
     second = tree_state(page)
-    assert second[0] == "Cycle 1 of 33" and second[1].startswith("Cycle 1:") and second[2] != first[2]
+    assert second[0] == f"Cycle 1 of {last}" and second[1].startswith("Cycle 1:") and second[2] != first[2]
     assert page.locator(".gm-output .gm-cycle.gm-selected").get_attribute("data-cycle") == "1"
     page.keyboard.press("ArrowLeft")
     assert tree_state(page) == first
@@ -273,8 +294,9 @@ def test_the_page_picks_runs_and_prompts_and_draws_the_race(examples_tab):
     page.locator("#gm-runs button", has_text=re.compile("^AR$")).click()
     assert page.locator("#gm-summary").inner_text().startswith("AR ·")
     assert page.locator("#gm-tree .textpoint text").count() == 2  # the AR loop's tree: its root, and the bonus
-    page.locator("#gm-prompts button", has_text="haiku").click()
-    assert page.locator("#gm-prompt").inner_text() == "Write a haiku about a fox in the snow."
+    haiku = read_traces([str(HAIKU / "ar.json")])[0].prompt
+    page.locator("#gm-prompts button", has_text=haiku).click()
+    assert page.locator("#gm-prompt").inner_text() == haiku
     assert "Gumiho" in page.locator("#gm-headline").inner_text()
 
 

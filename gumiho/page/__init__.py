@@ -1,7 +1,7 @@
 """A folder that replays recorded runs with no server: `python -m gumiho page TRACE.json ... --out DIR`.
 
-index.html holds the runs as JSON: every cycle's draft tree, the race charts and the coloured texts, built by the
-app's own code (app/figures.py, app/render.py, app/views.py), so the page looks like the app. page.js draws them
+index.html holds the runs (gzipped JSON): every cycle's draft tree, the race charts and the coloured texts, built by
+the app's own code (app/figures.py, app/render.py, app/views.py), so the page looks like the app. page.js draws them
 with the plotly.min.js of the installed plotly package, written beside it, so the page works from file:// with no
 network. README.md makes the same folder a Hugging Face Static Space.
 
@@ -10,6 +10,7 @@ Runs are grouped by prompt: each prompt's runs race against each other, never ag
 
 from __future__ import annotations
 
+import gzip
 import json
 import zipfile
 from dataclasses import dataclass
@@ -135,8 +136,8 @@ def _group(traces: list[GenerationTrace]) -> dict:
 def mixed_prompts_note(groups: list[list[GenerationTrace]]) -> str:
     if len(groups) < 2:
         return ""
-    return (f"These {sum(map(len, groups))} runs come from {len(groups)} different prompts: pick a prompt; only the runs of one "
-            "prompt race against each other.")
+    return (f"These {sum(map(len, groups))} runs come from {len(groups)} different prompts: pick a prompt; only the "
+            "runs of one prompt race against each other.")
 
 
 def page_data(traces: list[GenerationTrace]) -> dict:
@@ -145,10 +146,11 @@ def page_data(traces: list[GenerationTrace]) -> dict:
             "groups": [_group(g) for g in groups]}
 
 
-def script_json(data: dict) -> str:
-    """JSON to sit inside <script type="application/json">: no '<', '>' or '&' left that could end the element."""
+def packed(data: dict) -> str:
+    """The runs as index.html carries them: JSON, gzipped (every cycle's tree is verbose Plotly data, about ten times
+    smaller so), as hex digits: no markup can come out of them, and no word (not even "cdn") can appear in them."""
     text = json.dumps(data, cls=PlotlyJSONEncoder, ensure_ascii=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return gzip.compress(text.encode(), mtime=0).hex()
 
 
 def _readme(traces: list[GenerationTrace]) -> str:
@@ -161,7 +163,7 @@ def page_files(traces: list[GenerationTrace]) -> dict[str, str]:
     if not traces:
         raise GumihoError("no traces to show")
     index = Template((HERE / "template.html").read_text(encoding="utf-8")).substitute(
-        css=CSS, data=script_json(page_data(traces)))
+        css=CSS, data=packed(page_data(traces)))
     return {"index.html": index, "page.js": (HERE / "page.js").read_text(encoding="utf-8"),
             "plotly.min.js": get_plotlyjs(), "README.md": _readme(traces)}
 

@@ -2,8 +2,15 @@
 // the HTML strings come from the app's renderers (app/render.py), which escape every token and prompt.
 "use strict";
 
-(() => {
-  const data = JSON.parse(document.getElementById("gm-data").textContent);
+// The runs: index.html holds them as gzipped JSON written in hex digits.
+async function unpack(hex) {
+  const bytes = new Uint8Array(hex.length / 2);
+  for (let i = 0; i < bytes.length; i++) bytes[i] = parseInt(hex.substr(2 * i, 2), 16);
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return JSON.parse(await new Response(stream).text());
+}
+
+unpack(document.getElementById("gm-data").textContent.trim()).then((data) => {
   const byId = (id) => document.getElementById(id);
   const PLOT_CONFIG = { responsive: true, displaylogo: false };
   let group = null;
@@ -92,4 +99,8 @@
   note.textContent = data.note;
   note.hidden = !data.note;
   showGroup(0);
-})();
+}).catch((error) => {
+  const note = document.getElementById("gm-note");
+  note.textContent = `This page cannot read its runs (${error}): it needs a browser from 2023 or later.`;
+  note.hidden = false;
+});
