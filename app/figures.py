@@ -12,22 +12,13 @@ from plotly.subplots import make_subplots
 
 from gumiho.trace import CycleTrace, GenerationTrace, TraceNode
 
+from . import palette, why
 from .analysis import timeline, tokens_per_cycle
-from .style import (
-    ACCEPTED_COLOR,
-    BONUS_COLOR,
-    FTA_COLOR,
-    METHOD_COLORS,
-    TIME_COLORS,
-    method_name,
-    source_color,
-    source_name,
-    source_order,
-    token_label,
-)
+from .palette import STATES, method_color, method_line, method_pattern, source_color, tint
+from .style import method_name, source_name, source_order, token_label
 
-EDGE_COLOR = "#cbd5e1"
-FONT = dict(family="system-ui, sans-serif", size=12)
+FONT = dict(family="system-ui, sans-serif", size=12, color=palette.INK)
+RACE_MARKS = 12  # markers a race line shows at most (its symbol, beside its colour and dash)
 LABEL_ROOM = 0.9  # rows above the top row, so its labels stay inside the plot
 
 
@@ -66,7 +57,7 @@ def _base_layout_dict(title: str, height: int, style: FigureStyle = NORMAL) -> d
         height=height,
         margin=dict(l=40, r=20, t=60, b=40),
         font=dict(FONT, size=style.font),
-        plot_bgcolor="white",
+        plot_bgcolor=palette.BACKGROUND,
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
     )
 
@@ -131,13 +122,26 @@ def fta_segments(cycle: CycleTrace) -> list[tuple[int, int]]:
     return pairs
 
 
-def _node_hover(node: TraceNode, accepted: bool) -> str:
+def _node_hover(cycle: CycleTrace, node: TraceNode, state: str) -> str:
     head = html.escape(node.source, quote=False)
     lines = [f"<b>{_label(node.text, 24)}</b>", f"head: {head}", f"depth: {node.depth}"]
     if node.parent >= 0:
-        lines.append(f"score (cum. log q): {node.score:.2f}  (q ≈ {math.exp(node.score):.3f})")
-    lines.append(f"node {node.id}" + (" · accepted" if accepted else ""))
+        lines.append(f"score (cum. log q): {node.score:.2f}  (path q ≈ {math.exp(node.score):.3f})")
+    lines += [html.escape(line, quote=False) for line in why.hover_lines(cycle, node, state)]
+    lines.append(f"node {node.id}")
     return "<br>".join(lines)
+
+
+def _node_marker(node: TraceNode, state: str, lowest: float) -> tuple[str, str, str, float]:
+    """(symbol, fill, outline, outline width) of a node: rejected ones crossed out and open, accepted ones ringed in
+    ink; the fill's opacity shades the score relative to the tree's lowest (root and best = opaque), while the
+    outline keeps the head's full colour, so that every node stands out from the plot."""
+    color = source_color(node.source)
+    if state == why.REJECTED:
+        return "circle-x-open", color, color, 2
+    shade = 1.0 if lowest == 0 else round(0.3 + 0.7 * (1 - node.score / lowest), 3)  # all an eye tells apart
+    ringed = state in (why.ACCEPTED, why.ROOT)
+    return "circle", tint(color, shade), palette.INK if ringed else color, 3 if ringed else 1.5
 
 
 def _lines(pairs: list[tuple[int, int]], pos: dict[int, tuple[float, float]], **style) -> dict:
@@ -152,53 +156,49 @@ def tree_spec(cycle: CycleTrace, title: str | None = None, style: FigureStyle = 
     if not cycle.nodes:
         return empty_figure("this trace has no draft tree for this cycle", style=style).to_plotly_json()
     pos = tree_layout(cycle.nodes)
-    accepted = set(cycle.accepted_nodes)
     chain = list(zip(cycle.accepted_nodes, cycle.accepted_nodes[1:]))
     data = [
         _lines([(n.parent, n.id) for n in cycle.nodes if n.parent >= 0], pos, name="draft edge",
-               line=dict(color=EDGE_COLOR, width=style.edge), showlegend=False),
-        _lines(chain, pos, name="accepted path", line=dict(color=ACCEPTED_COLOR, width=style.accepted),
+               line=dict(color=STATES.edge, width=style.edge, dash="dot"), showlegend=False),
+        _lines(chain, pos, name="accepted path", line=dict(color=STATES.accepted, width=style.accepted),
                visible=True if chain else "legendonly"),
     ]
     filled = fta_segments(cycle)
     if filled:
-        data.append(_lines(filled, pos, name="FTA-borrowed", opacity=0.7,
-                           line=dict(color=FTA_COLOR, width=style.edge, dash="dash")))
+        data.append(_lines(filled, pos, name="FTA-borrowed",
+                           line=dict(color=STATES.fta, width=style.edge, dash="dash")))
 
+    states = why.node_states(cycle)
     lowest = min(n.score for n in cycle.nodes)
     for source in sorted({n.source for n in cycle.nodes}, key=source_order):
         group = [n for n in cycle.nodes if n.source == source]
-        # Shade: the cumulative draft log-prob relative to this tree's lowest (root and best = opaque); 3 decimals
-        # are all an eye can tell apart, and keep a page of every tree small.
-        opacity = [1.0 if lowest == 0 else round(0.3 + 0.7 * (1 - n.score / lowest), 3) for n in group]
+        symbols, fills, outlines, widths = zip(*(_node_marker(n, states[n.id], lowest) for n in group))
         data.append(dict(
             type="scatter",
             x=[pos[n.id][0] for n in group],
             y=[pos[n.id][1] for n in group],
             mode="markers+text",
             name=html.escape(source_name(source), quote=False),
-            text=[_label(n.text) for n in group],
+            text=[("✗ " if states[n.id] == why.REJECTED else "") + _label(n.text) for n in group],
             textposition="top center",
             customdata=[n.id for n in group],
-            hovertext=[_node_hover(n, n.id in accepted) for n in group],
+            hovertext=[_node_hover(cycle, n, states[n.id]) for n in group],
             hoverinfo="text",
-            marker=dict(
-                size=style.root if source == "root" else style.node,
-                color=source_color(source),
-                opacity=opacity,
-                line=dict(color=[ACCEPTED_COLOR if n.id in accepted else "white" for n in group],
-                          width=[3 if n.id in accepted else 1 for n in group]),
-            ),
+            marker=dict(size=style.root if source == "root" else style.node, symbol=list(symbols), color=list(fills),
+                        line=dict(color=list(outlines), width=list(widths))),
         ))
+    if why.REJECTED in states.values():  # a legend entry for the cross
+        data.append(dict(type="scatter", x=[None], y=[None], mode="markers", name="✗ rejected by the target",
+                         marker=dict(symbol="circle-x-open", size=style.node, color=STATES.edge, line=dict(width=2))))
 
     last = cycle.accepted_nodes[-1] if cycle.accepted_nodes else cycle.nodes[0].id
     bx, by = pos[last][0] + 0.5, pos[last][1] + 0.5  # between the depth columns, so it never hides a node
     data.append(dict(type="scatter", x=[pos[last][0], bx], y=[pos[last][1], by], mode="lines", showlegend=False,
-                     line=dict(color=BONUS_COLOR, width=style.line, dash="dot"), hoverinfo="skip"))
+                     line=dict(color=STATES.bonus, width=style.line, dash="dot"), hoverinfo="skip"))
     data.append(dict(
         type="scatter", x=[bx], y=[by], mode="markers+text", name="bonus (target's token)",
         text=[_label(cycle.bonus_text)], textposition="bottom center",
-        marker=dict(symbol="star", size=style.bonus, color=BONUS_COLOR, line=dict(width=1)),
+        marker=dict(symbol="star", size=style.bonus, color=STATES.bonus, line=dict(width=1, color=palette.INK)),
         hovertext=[f"<b>{_label(cycle.bonus_text, 24)}</b><br>bonus token: the target's own next token"],
         hoverinfo="text",
     ))
@@ -230,6 +230,13 @@ def tree_figure(cycle: CycleTrace, title: str | None = None, style: FigureStyle 
 # ---------------------------------------------------------------------------------------------- race charts
 
 
+def _series(method: str, width: float, size: int) -> dict:
+    """A method's line and markers: its colour, and its own dash and symbol for readers who cannot tell colours."""
+    color, line = method_color(method), method_line(method)
+    return dict(line=dict(color=color, width=width, dash=line.dash), marker=dict(symbol=line.symbol, size=size,
+                                                                                 color=color))
+
+
 def run_name(trace: GenerationTrace) -> str:
     fta = " +FTA" if trace.settings.fta_applied else ""
     return method_name(trace.method) + fta
@@ -240,10 +247,12 @@ def race_timeline_figure(traces: list[GenerationTrace], style: FigureStyle = NOR
     fig = go.Figure()
     for trace in traces:
         seconds, counts = timeline(trace)
-        fig.add_trace(go.Scatter(x=seconds, y=counts, mode="lines", name=run_name(trace), line_shape="hv",
-                                 line=dict(color=METHOD_COLORS.get(trace.method), width=style.line)))
-    fig.update_xaxes(title="wall time (s)", rangemode="tozero", gridcolor="#eee")
-    fig.update_yaxes(title="tokens generated", rangemode="tozero", gridcolor="#eee")
+        series = _series(trace.method, style.line, style.point + 3)
+        series["marker"]["maxdisplayed"] = RACE_MARKS
+        fig.add_trace(go.Scatter(x=seconds, y=counts, mode="lines+markers", name=run_name(trace), line_shape="hv",
+                                 **series))
+    fig.update_xaxes(title="wall time (s)", rangemode="tozero", gridcolor=palette.GRID)
+    fig.update_yaxes(title="tokens generated", rangemode="tozero", gridcolor=palette.GRID)
     return _base_layout(fig, "Tokens over time (prefill included)", 380, style)
 
 
@@ -257,9 +266,10 @@ def race_timing_figure(traces: list[GenerationTrace], style: FigureStyle = NORMA
         cycles = [c.index for c in trace.steps]
         for part in ("draft", "verify", "other"):
             fig.add_trace(go.Bar(x=cycles, y=[getattr(c, f"{part}_ms") for c in trace.steps], name=part,
-                                 legendgroup=part, showlegend=row == 1, marker_color=TIME_COLORS[part]),
+                                 legendgroup=part, showlegend=row == 1, marker_color=palette.TIMES[part],
+                                 marker_pattern_shape=palette.TIME_PATTERNS[part]),
                           row=row, col=1)
-        fig.update_yaxes(title_text="ms", row=row, col=1, gridcolor="#eee")
+        fig.update_yaxes(title_text="ms", row=row, col=1, gridcolor=palette.GRID)
     fig.update_layout(barmode="stack", bargap=0.1)
     fig.update_xaxes(title_text="cycle", row=len(traces), col=1)
     fig.update_annotations(font_size=style.subtitle)
@@ -272,22 +282,21 @@ def race_tau_figure(traces: list[GenerationTrace], style: FigureStyle = NORMAL) 
                         subplot_titles=["τ per cycle (accepted + bonus)", "histogram"])
     for trace in traces:
         per_cycle = tokens_per_cycle(trace)
-        color = METHOD_COLORS.get(trace.method)
         fig.add_trace(go.Scatter(x=list(range(len(per_cycle))), y=per_cycle, mode="lines+markers", name=run_name(trace),
-                                 legendgroup=trace.method, line=dict(color=color, width=style.thin),
-                                 marker=dict(size=style.point)), row=1, col=1)
+                                 legendgroup=trace.method, **_series(trace.method, style.thin, style.point)),
+                      row=1, col=1)
         counts = Counter(per_cycle)
         lengths = sorted(counts)
         fig.add_trace(go.Bar(x=lengths, y=[counts[n] for n in lengths], name=run_name(trace), legendgroup=trace.method,
-                             showlegend=False, marker_color=color), row=1, col=2)
+                             showlegend=False, marker_color=method_color(trace.method)), row=1, col=2)
     fig.update_layout(barmode="group")
     fig.update_annotations(font_size=style.subtitle)
     _base_layout(fig, "τ: tokens per target forward", 380, style)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(b=80))
     fig.update_xaxes(title_text="cycle", row=1, col=1)
     fig.update_xaxes(title_text="tokens per cycle", dtick=1, row=1, col=2)
-    fig.update_yaxes(title_text="tokens", rangemode="tozero", gridcolor="#eee", row=1, col=1)
-    fig.update_yaxes(title_text="cycles", gridcolor="#eee", row=1, col=2)
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", gridcolor=palette.GRID, row=1, col=1)
+    fig.update_yaxes(title_text="cycles", gridcolor=palette.GRID, row=1, col=2)
     return fig
 
 
@@ -299,11 +308,11 @@ def chain_figure(terms: list[float], gradient: list[float]) -> go.Figure:
     ks = list(range(1, len(terms) + 1))
     fig = go.Figure()
     fig.add_trace(go.Bar(x=ks, y=terms, name="p<sub>1</sub>·…·p<sub>k</sub>  (term k of τ)",
-                         marker_color="#60a5fa"))
+                         marker_color=palette.LESSON["terms"]))
     fig.add_trace(go.Scatter(x=ks, y=gradient, name="∂τ/∂p<sub>k</sub>  (value of improving position k)",
-                             mode="lines+markers", line=dict(color="#e76f51", width=3)))
+                             mode="lines+markers", line=dict(color=palette.LESSON["gain"], width=3)))
     fig.update_xaxes(title="draft position k", dtick=1)
-    fig.update_yaxes(rangemode="tozero", gridcolor="#eee")
+    fig.update_yaxes(rangemode="tozero", gridcolor=palette.GRID)
     return _base_layout(fig, "Each term of τ, and the payoff of improving each position", 340)
 
 
@@ -316,9 +325,9 @@ def grouped_bar_figure(rows: list[dict], x: str, y: str, title: str) -> go.Figur
     for method in dict.fromkeys(r["method"] for r in rows):
         part = [r for r in rows if r["method"] == method]
         fig.add_trace(go.Bar(x=[str(r[x]) for r in part], y=[r[y] for r in part], name=method_name(method),
-                             marker_color=METHOD_COLORS.get(method)))
+                             marker_color=method_color(method), marker_pattern_shape=method_pattern(method)))
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title=y, gridcolor="#eee", rangemode="tozero")
+    fig.update_yaxes(title=y, gridcolor=palette.GRID, rangemode="tozero")
     return _base_layout(fig, title, 340)
 
 
@@ -327,7 +336,7 @@ def acceptance_figure(rates: dict[str, list[float]]) -> go.Figure:
     fig = go.Figure()
     for method, values in rates.items():
         fig.add_trace(go.Scatter(x=list(range(1, len(values) + 1)), y=values, mode="lines+markers",
-                                 name=method_name(method), line=dict(color=METHOD_COLORS.get(method), width=3)))
+                                 name=method_name(method), **_series(method, 3, 8)))
     fig.update_xaxes(title="draft depth", dtick=1)
-    fig.update_yaxes(title="accepted when reached", range=[0, 1.05], gridcolor="#eee")
+    fig.update_yaxes(title="accepted when reached", range=[0, 1.05], gridcolor=palette.GRID)
     return _base_layout(fig, "Per-position acceptance (mean over tasks)", 340)

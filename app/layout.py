@@ -12,12 +12,12 @@ from .bench import QUICK_COMMAND, acceptance_rows, read_runs, task_rows
 from .blocks import Blocks
 from .examples import PROMPTS, Example, load_examples
 from .handlers import PLAY, ExploreParts, Handlers, RaceParts, tau_calculator
-from .lesson import lesson_parts
+from .lesson import lesson_cycle, lesson_parts, walkthrough
 from .page_download import page_file, wire_page_download
 from .service import RACE_DEFAULT, EngineLoader, Sessions
 from .style import CSS, method_name
 from .validate import FIELDS, Limits
-from .views import ExploreView, RaceView, showcase_cycle, showcase_index
+from .views import ExploreView, RaceView, showcase_index
 
 PLAY_EVERY_S = 0.9
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
@@ -273,15 +273,16 @@ def _lesson(examples: list[Example]) -> None:
             gr.Markdown("*(The example traces in assets/traces/ are missing: run `python -m app.record_examples`.)*")
         elif figure.startswith("tree-"):
             method = figure.removeprefix("tree-")
-            example = next((e for e in [showcase, *examples] if any(t.method == method for t in e.traces)), None)
-            trace = example.trace(method) if example else None
-            cycle = showcase_cycle(trace) if trace else None
-            if cycle is None:
+            picked = lesson_cycle(method, showcase, examples)
+            if picked is None:
                 gr.Markdown(f"*(No recorded {method_name(method)} example yet: run `python -m app.record_examples` "
                             f"with its drafter loaded.)*")
             else:
+                example, cycle = picked
                 gr.Plot(figures.tree_figure(cycle, f"{method_name(method)}, cycle {cycle.index} of the example "
                                                    f"“{example.prompt}”"), show_label=False)
+        elif figure == "walkthrough" and (picked := lesson_cycle("gumiho", showcase, examples)):
+            gr.Markdown(walkthrough(*picked))
         elif figure == "timing":
             gr.Plot(figures.race_timing_figure(list(showcase.traces)), show_label=False)
 

@@ -11,8 +11,10 @@ import pandas as pd
 
 from gumiho.trace import CycleTrace, GenerationTrace
 
+from . import why
 from .analysis import Token, elapsed_s, first_divergence, output_tokens, time_shares, token_ids
-from .style import BONUS_COLOR, method_name, source_color, source_name, source_order, token_label
+from .palette import token_style
+from .style import method_name, source_name, source_order, token_label
 
 PATH_COLUMNS = ["path", "tokens (root → leaf; [FTA-borrowed])", "length", "accepted", "leaf score"]
 RACE_COLUMNS = ["method", "tokens", "cycles", "τ", "wall s", "tokens/s", "speed-up vs AR", "vs transformers", "draft %",
@@ -34,7 +36,7 @@ def md_code(text: object) -> str:
 
 
 def empty_paths_table() -> pd.DataFrame:
-    return pd.DataFrame(columns=PATH_COLUMNS)
+    return pd.DataFrame(columns=PATH_COLUMNS + list(why.PROBABILITY_COLUMNS))
 
 
 def _token_span(token: Token, diff: bool = False) -> str:
@@ -43,7 +45,7 @@ def _token_span(token: Token, diff: bool = False) -> str:
     elif token.source == "prefill":
         classes, style, what = "gm-tok", "", "first token (from the prefill forward)"
     else:
-        classes, style = "gm-tok", f"background:{source_color(token.source)}40"
+        classes, style = "gm-tok", token_style(token.source)
         what = f"draft token accepted, drafted by {source_name(token.source)}"
     if token.borrowed:
         classes += " gm-borrowed"
@@ -78,8 +80,8 @@ def output_html(trace: GenerationTrace, selected: int | None = None, diverges_at
 def legend_html(trace: GenerationTrace) -> str:
     """Colour chips for the heads that appear in this trace, plus the bonus and FTA marks."""
     sources = sorted({n.source for c in trace.steps for n in c.nodes if n.source != "root"}, key=source_order)
-    chips = [f'<span style="background:{source_color(s)}40">{html.escape(source_name(s))}</span>' for s in sources]
-    chips.append(f'<span style="box-shadow: inset 0 -3px 0 {BONUS_COLOR}">bonus token</span>')
+    chips = [f'<span style="{token_style(s)}">{html.escape(source_name(s))}</span>' for s in sources]
+    chips.append('<span class="gm-bonus">bonus token</span>')
     if trace.settings.fta_applied:
         chips.append('<span class="gm-borrowed">FTA-borrowed</span>')
     return f'<div class="gm-legend">{"".join(chips)}</div>'
@@ -138,7 +140,8 @@ def joint_markdown(cycle: CycleTrace) -> str:
 
 
 def paths_table(cycle: CycleTrace) -> pd.DataFrame:
-    """The cycle's candidate paths, most accepted first."""
+    """The cycle's candidate paths, most accepted first, with each token's q and p along them (at T > 0 also each
+    test's threshold and draw: why.path_columns)."""
     nodes = {n.id: n for n in cycle.nodes}
     rows = []
     for number, path in enumerate(cycle.paths):
@@ -152,8 +155,9 @@ def paths_table(cycle: CycleTrace) -> pd.DataFrame:
             PATH_COLUMNS[2]: len(path.nodes) - 1,
             PATH_COLUMNS[3]: path.accepted,
             PATH_COLUMNS[4]: round(nodes[path.nodes[-1]].score, 2),
+            **why.path_columns(cycle, path.nodes),
         })
-    table = pd.DataFrame(rows, columns=PATH_COLUMNS)
+    table = pd.DataFrame(rows) if rows else empty_paths_table()
     return table.sort_values(PATH_COLUMNS[3], ascending=False, kind="stable").reset_index(drop=True)
 
 

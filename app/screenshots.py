@@ -4,6 +4,9 @@ Debian's Chromium from a running app:
     python app.py --port 7860 &
     python -m app.screenshots --url http://127.0.0.1:7860/
     # writes assets/screenshots/<tab>.png and assets/screenshots/tree-<method>.png
+
+and the Explore tab's tree as a reader with deuteranopia sees it (tree-deuteranopia.png): the page runs the plot
+through an SVG colour matrix that simulates it (Machado, Oliveira and Fernandes 2009, severity 1).
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ from gumiho.trace import DRAFTED_METHODS, METHOD_NAMES
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "assets" / "screenshots"
 TABS = {"Explore": "explore", "Race": "race", "Benchmarks": "benchmarks", "How it works": "how-it-works"}
+DEUTERANOPIA = ("0.367322 0.860646 -0.227968 0 0  0.280085 0.672501 0.047413 0 0  "
+                "-0.011820 0.042940 0.968881 0 0  0 0 0 1 0")  # on linear RGB, as an SVG filter computes
+SIMULATE = """(plot, matrix) => {
+    document.body.insertAdjacentHTML('beforeend', `<svg width="0" height="0" style="position:absolute"><filter
+        id="gm-cvd" color-interpolation-filters="linearRGB"><feColorMatrix type="matrix" values="${matrix}"/>
+        </filter></svg>`);
+    plot.style.filter = 'url(#gm-cvd)';
+}"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / f"{name}.png"
             page.screenshot(path=str(path), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": height})
             print(path)
+            if name == "explore":
+                _deuteranopia(page, args.out / "tree-deuteranopia.png")
         # The lesson is the open tab now: each method's tree is a plot titled "<name>, cycle N of the example ...".
         for method in DRAFTED_METHODS:
             title = re.compile(rf"^{re.escape(METHOD_NAMES[method])}( \(approximate\))?, cycle")  # MJSD's is marked
@@ -56,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
         browser.close()
     return 0
+
+
+def _deuteranopia(page, path: Path) -> None:
+    """The Explore tab's tree through the deuteranopia filter, saved to `path`; the plot is left unfiltered."""
+    plot = page.locator(".js-plotly-plot").filter(has_text="bonus (target's token)").first
+    plot.scroll_into_view_if_needed()
+    plot.evaluate(SIMULATE, DEUTERANOPIA)
+    page.wait_for_timeout(300)
+    plot.screenshot(path=str(path))
+    plot.evaluate("(plot) => { plot.style.filter = ''; }")
+    print(path)
 
 
 if __name__ == "__main__":

@@ -7,22 +7,25 @@ from gumiho.trace import CycleTrace, GenerationTrace, RunSettings, TraceNode, Tr
 TOKENS = {"The": 10, " cat": 11, " dog": 12, " sat": 13, " on": 14, " ran": 15, " the": 16, ".": 17}
 
 
-def node(id: int, text: str, parent: int, depth: int, score: float, source: str) -> TraceNode:
-    return TraceNode(id=id, token_id=TOKENS[text], text=text, parent=parent, depth=depth, score=score, source=source)
+def node(id: int, text: str, parent: int, depth: int, score: float, source: str, q: float | None = None,
+         p: float | None = None) -> TraceNode:
+    return TraceNode(id=id, token_id=TOKENS[text], text=text, parent=parent, depth=depth, score=score, source=source,
+                     q=q, p=p)
 
 
 def gumiho_cycle(index: int, root: str) -> CycleTrace:
     """Root -> {cat -> sat -> on, dog -> ran}; the short path [dog, ran] borrows 'on' through FTA.
 
     Cycle 0 accepts cat, sat, on (serial-1, serial-2, mlp-3) and adds the bonus ' the'; cycle 1 accepts nothing.
+    The target's p is known under the accepted nodes only (the rows a greedy walk reads).
     """
     nodes = [
         node(0, root, -1, 0, 0.0, "root"),
-        node(1, " cat", 0, 1, -0.1, "serial-1"),
-        node(2, " dog", 0, 1, -1.5, "serial-1"),
-        node(3, " sat", 1, 2, -0.3, "serial-2"),
-        node(4, " on", 3, 3, -0.5, "mlp-3"),
-        node(5, " ran", 2, 2, -2.0, "serial-2"),
+        node(1, " cat", 0, 1, -0.1, "serial-1", q=0.905, p=0.62),
+        node(2, " dog", 0, 1, -1.5, "serial-1", q=0.223, p=0.2),
+        node(3, " sat", 1, 2, -0.3, "serial-2", q=0.819, p=0.9),
+        node(4, " on", 3, 3, -0.5, "mlp-3", q=0.819, p=0.51),
+        node(5, " ran", 2, 2, -2.0, "serial-2", q=0.607),
     ]
     accepted = [0, 1, 3, 4] if index == 0 else [0]
     paths = [

@@ -10,13 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from app import analysis, figures, render
+from app import analysis, figures, palette, render
 from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
 from app.handlers import STOPPED_IN_QUEUE, ExploreParts, Handlers, RaceParts
 from app.service import RunSettings, Sessions, race_order, race_settings, save_traces, follow
-from app.style import source_color, source_name, token_label
+from app.palette import source_color, tint
+from app.style import source_name, token_label
 from app.theory import Chain
 from app.validate import InvalidInput, Limits
 from app.validate import trace_file as read_trace
@@ -24,6 +25,13 @@ from gumiho.errors import GumihoError
 from gumiho.tree import TreeSettings
 
 from .app_traces import ar_trace, gumiho_trace
+
+
+def rgb_of(color: str) -> tuple[int, ...]:
+    """The red, green and blue of "#rrggbb" or "rgba(r, g, b, a)"."""
+    if color.startswith("rgba("):
+        return tuple(int(v) for v in color[5:-1].split(",")[:3])
+    return tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))
 
 
 def trace_named(fig, name):
@@ -48,17 +56,33 @@ def test_tree_figure_has_every_node_once_coloured_by_its_head():
     ids = sorted(i for t in by_head.values() for i in t.customdata)
     assert ids == [0, 1, 2, 3, 4, 5]
     assert list(by_head["serial-1"].customdata) == [1, 2]
-    for source, trace in by_head.items():
-        assert trace.marker.color == source_color(source)
+    for source, trace in by_head.items():  # fills and outlines in the head's colour (the accepted ringed in ink)
+        assert all(rgb_of(fill) == rgb_of(source_color(source)) for fill in trace.marker.color)
+        assert all(line in (source_color(source), palette.INK) for line in trace.marker.line.color)
     assert source_color("serial-1") != source_color("mlp-3") != source_color("eagle-2")
     assert list(by_head["serial-2"].text) == [token_label(" sat"), token_label(" ran")] == ["␣sat", "␣ran"]
 
 
 def test_tree_figure_shades_nodes_by_score():
     fig = figures.tree_figure(gumiho_trace().steps[0])
-    serial = trace_named(fig, source_name("serial-1"))
-    cat, dog = serial.marker.opacity  # scores -0.1 and -1.5: the likelier node is more opaque
-    assert 1.0 >= cat > dog > 0
+    serial = trace_named(fig, source_name("serial-2"))
+    sat, ran = (float(fill.rsplit(",", 1)[1][:-1]) for fill in serial.marker.color)  # the fills' opacity
+    assert 1.0 >= sat > ran > 0  # scores -0.3 and -2.0: the likelier node is more opaque
+    assert list(serial.marker.line.color) == [palette.INK, source_color("serial-2")]  # its outline keeps contrast
+
+
+def test_tree_figure_marks_each_state_without_colour():
+    fig = figures.tree_figure(gumiho_trace().steps[0])
+    serial = trace_named(fig, source_name("serial-1"))  # cat accepted, dog rejected (the target picked cat)
+    assert list(serial.marker.symbol) == ["circle", "circle-x-open"] and list(serial.marker.line.width)[0] == 3
+    assert list(serial.text) == ["␣cat", "✗ ␣dog"]
+    assert "✗ rejected: not the target's top token (it picked “␣cat”)" in serial.hovertext[1]
+    assert "q (draft) 0.905 · p (target) 0.62" in serial.hovertext[0] and "✓ accepted" in serial.hovertext[0]
+    ran = trace_named(fig, source_name("serial-2")).hovertext[1]  # under the rejected dog: never checked
+    assert "p (target) –" in ran and "not checked" in ran
+    assert trace_named(fig, "✗ rejected by the target").marker.symbol == "circle-x-open"
+    assert trace_named(fig, "draft edge").line.dash == "dot" and trace_named(fig, "accepted path").line.dash is None
+    assert trace_named(fig, "bonus (target's token)").marker.symbol == "star"
 
 
 def test_tree_figure_highlights_the_accepted_path_and_dashes_fta_segments():
@@ -135,6 +159,13 @@ def test_race_timing_bars_stack_draft_verify_other_per_cycle():
     assert list(fig.data[1].y) == [60.0, 60.0]
 
 
+def test_race_lines_differ_by_dash_and_marker_besides_colour():
+    for fig in (figures.race_timeline_figure(race_traces()), figures.race_tau_figure(race_traces())):
+        gumiho, ar = [t for t in fig.data if t.type == "scatter"]
+        assert gumiho.line.dash != ar.line.dash and gumiho.marker.symbol != ar.marker.symbol
+        assert "markers" in gumiho.mode
+
+
 def test_race_tau_figure_per_cycle_and_histogram():
     fig = figures.race_tau_figure(race_traces())
     lines = [t for t in fig.data if t.type == "scatter"]
@@ -174,6 +205,26 @@ def test_paths_table_lists_paths_most_accepted_first_with_borrowed_tokens_bracke
     assert list(table["accepted"]) == [3, 0]
     assert table.iloc[1, 1] == "␣dog → ␣ran → [␣on]"
     assert list(table["length"]) == [3, 3]
+    assert table.iloc[0]["q (draft)"] == "0.905 → 0.819 → 0.819"
+    assert table.iloc[0]["p (target)"] == "0.62 → 0.9 → 0.51"
+    assert table.iloc[1]["p (target)"] == "0.2 → – → 0.51"  # ran's parent row was never computed
+    assert "draw" not in table.columns  # greedy: the target's argmax decides, no draw
+
+
+def test_a_sampled_cycle_shows_each_test_and_its_draw():
+    from dataclasses import replace
+
+    cycle = gumiho_trace().steps[0]
+    nodes = [replace(n, accept=a, draw=d) for n, (a, d) in zip(cycle.nodes, [(None, None), (0.62, 0.31),
+                                                                            (None, None), (0.9, 0.05), (0.51, 0.5),
+                                                                            (None, None)])]
+    cycle = replace(cycle, nodes=nodes)
+    table = render.paths_table(cycle)
+    assert table.iloc[0]["min(1, p′/q′)"] == "0.62 → 0.9 → 0.51"
+    assert table.iloc[0]["draw"] == "0.31 → 0.05 → 0.5"
+    hover = trace_named(figures.tree_figure(cycle), source_name("serial-1")).hovertext
+    assert "draw 0.31 &lt; min(1, p′/q′) = 0.62" in hover[0]  # escaped for Plotly
+    assert "not tested: a sibling before it passed" in hover[1]  # dog came after the accepted cat
 
 
 def test_race_table_speedup_is_over_ar():
@@ -329,10 +380,26 @@ def test_shipped_examples_are_valid_races_of_every_method():
 
 def test_lesson_has_its_figures_in_order():
     parts = lesson_parts()
-    assert [name for _, name in parts] == ["tree-gumiho", "tree-eagle2", "calculator", "timing", "tree-medusa",
-                                           "tree-hydra", "tree-eagle1", "tree-mjsd", "tree-lookup", "tree-recycle"]
+    assert [name for _, name in parts] == ["tree-gumiho", "walkthrough", "tree-eagle2", "calculator", "timing",
+                                           "tree-medusa", "tree-hydra", "tree-eagle1", "tree-mjsd", "tree-lookup",
+                                           "tree-recycle"]
     assert all(text for text, _ in parts)
-    assert r"\sum_{k=1}^{K} \prod_{i \le k} p_i" in parts[2][0]
+    assert r"\sum_{k=1}^{K} \prod_{i \le k} p_i" in parts[3][0]
+
+
+def test_the_lesson_explains_one_recorded_cycle_node_by_node(tmp_path):
+    from app.examples import Example
+    from app.lesson import lesson_cycle, walkthrough
+
+    example = Example("fixture", tmp_path, (gumiho_trace(),))
+    picked = lesson_cycle("gumiho", example, [example])
+    assert picked and picked[1].index == 0  # the showcase cycle: the one that accepted most
+    rows = [line for line in walkthrough(*picked).splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 5
+    assert "| 0.905 | 0.62 | ✓ the target" in rows[0]  # cat: q, p, passed
+    assert "✗ not the target" in rows[1] and "it picked" in rows[1]  # dog
+    assert "| 0.607 | – | · not checked" in rows[4]  # ran, under the rejected dog: its row was never computed
+    assert lesson_cycle("medusa", example, [example]) is None
 
 
 # ---------------------------------------------------------------------------------------------- service
