@@ -4,6 +4,7 @@ headless Chromium from file:// with the network blocked."""
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import re
 import subprocess
@@ -116,6 +117,14 @@ def test_a_single_run_has_no_race_and_no_note(tmp_path):
     write_page(read_traces([str(HAIKU / "gumiho.json")]), tmp_path)
     data = page_data(tmp_path)
     assert data["note"] == "" and data["groups"][0]["race"] is None
+
+
+def test_a_run_recorded_without_its_trees_says_so(tmp_path):
+    trace = replace(read_traces([str(HAIKU / "gumiho.json")])[0], steps=[])
+    write_page([trace], tmp_path)
+    run = page_data(tmp_path)["groups"][0]["runs"][0]
+    assert run["steps"] == 0 and len(run["cycles"]) == 1 and "no recorded cycles" in run["cycles"][0]["caption"]
+    assert html.escape(trace.text[:20]) in run["output"]
 
 
 def test_runs_of_different_prompts_still_render_with_a_note(tmp_path, capsys):

@@ -59,7 +59,7 @@ class Page:
     folder: Path
     runs: int
     prompts: int
-    bytes: int
+    size: int  # bytes, the four files together
 
 
 def count(n: int, noun: str) -> str:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     page = write_page(read_traces(args.traces), Path(args.out))
     print(f"wrote {page.folder / 'index.html'}: {count(page.runs, 'run')} of {count(page.prompts, 'prompt')}, "
-          f"{page.bytes / 1e6:.1f} MB with its assets, in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+          f"{page.size / 1e6:.1f} MB with its assets, in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
 
 
