@@ -4,6 +4,7 @@ explains node by node."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from gumiho.trace import CycleTrace
@@ -28,9 +29,14 @@ def lesson_parts(text: str | None = None) -> list[tuple[str, str | None]]:
 
 def lesson_cycle(method: str, showcase: Example, examples: list[Example]) -> tuple[Example, CycleTrace] | None:
     """The recorded cycle the lesson draws for `method`: the showcase cycle of its run in the showcase example, else
-    in the first example that ran it; None when no example did."""
+    in the first example that ran it, among the cycles its own drafter drafted (a learned drafter's run also
+    verifies prompt lookup's trees where the text repeats); None when no example did."""
     example = next((e for e in [showcase, *examples] if any(t.method == method for t in e.traces)), None)
-    cycle = showcase_cycle(example.trace(method)) if example else None
+    if example is None:
+        return None
+    trace = example.trace(method)
+    own = [c for c in trace.steps if method == "lookup" or any(n.source not in ("root", "lookup") for n in c.nodes)]
+    cycle = showcase_cycle(replace(trace, steps=own or trace.steps))
     return (example, cycle) if cycle else None
 
 

@@ -388,6 +388,8 @@ def test_lesson_has_its_figures_in_order():
 
 
 def test_the_lesson_explains_one_recorded_cycle_node_by_node(tmp_path):
+    from dataclasses import replace
+
     from app.examples import Example
     from app.lesson import lesson_cycle, walkthrough
 
@@ -400,6 +402,11 @@ def test_the_lesson_explains_one_recorded_cycle_node_by_node(tmp_path):
     assert "✗ not the target" in rows[1] and "it picked" in rows[1]  # dog
     assert "| 0.607 | – | · not checked" in rows[4]  # ran, under the rejected dog: its row was never computed
     assert lesson_cycle("medusa", example, [example]) is None
+    trace = gumiho_trace()  # a lookup-switch cycle accepting more is no showcase of the drafter's own tree
+    switched = replace(trace.steps[0], index=1, nodes=[replace(n, source="lookup" if n.parent >= 0 else "root")
+                                                       for n in trace.steps[0].nodes])
+    trace.steps = [replace(trace.steps[0], accepted_nodes=[0, 1], accepted_tokens=[11]), switched]
+    assert lesson_cycle("gumiho", Example("fixture", tmp_path, (trace,)), [])[1].index == 0
 
 
 # ---------------------------------------------------------------------------------------------- service
