@@ -171,7 +171,8 @@ def tree_spec(cycle: CycleTrace, title: str | None = None, style: FigureStyle = 
     states = why.node_states(cycle)
     lowest = min(n.score for n in cycle.nodes)
     for source in sorted({n.source for n in cycle.nodes}, key=source_order):
-        group = [n for n in cycle.nodes if n.source == source]
+        # The legend draws a head with its first node: one not crossed out where there is one.
+        group = sorted((n for n in cycle.nodes if n.source == source), key=lambda n: states[n.id] == why.REJECTED)
         symbols, fills, outlines, widths = zip(*(_node_marker(n, states[n.id], lowest) for n in group))
         data.append(dict(
             type="scatter",
