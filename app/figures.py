@@ -159,7 +159,7 @@ def tree_spec(cycle: CycleTrace, title: str | None = None, style: FigureStyle = 
     chain = list(zip(cycle.accepted_nodes, cycle.accepted_nodes[1:]))
     data = [
         _lines([(n.parent, n.id) for n in cycle.nodes if n.parent >= 0], pos, name="draft edge",
-               line=dict(color=STATES.edge, width=style.edge, dash="dot"), showlegend=len(cycle.nodes) > 1),
+               line=dict(color=STATES.edge, width=style.edge, dash="dot"), showlegend=False),
         _lines(chain, pos, name="accepted path", line=dict(color=STATES.accepted, width=style.accepted),
                visible=True if chain else "legendonly"),
     ]
