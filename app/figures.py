@@ -210,9 +210,11 @@ def tree_spec(cycle: CycleTrace, title: str | None = None, style: FigureStyle = 
         title = (f"Cycle {cycle.index}: {cycle.tree_size}-node tree, {cycle.accept_length} draft token"
                  f"{'s' if cycle.accept_length != 1 else ''} accepted + bonus")
     # Rows plus the label room above and below get a row's pixels each, on top of the title, axis and margins, so a
-    # small tree (one or two rows) keeps as much room per row, and its labels stay inside the plot, as a large one.
-    layout = _base_layout_dict(html.escape(title, quote=False),
-                               int(160 + style.row_px * (leaves + 0.4 + LABEL_ROOM)), style)
+    # small tree (one or two rows) keeps as much room per row, and its labels stay inside the plot, as a large one;
+    # and the legend beside it gets a line of its font per entry, so that it needs no scroll bar.
+    entries = sum(1 for trace in data if trace.get("showlegend", True))
+    height = max(160 + style.row_px * (leaves + 0.4 + LABEL_ROOM), 120 + 1.8 * style.font * entries)
+    layout = _base_layout_dict(html.escape(title, quote=False), int(height), style)
     layout.update(
         xaxis=dict(title=dict(text="depth (draft tokens after the root)"), tickmode="linear", dtick=1,
                    range=[-0.5, depth + 0.5], showgrid=False, zeroline=False),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import html
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import closing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gradio as gr
@@ -25,6 +25,8 @@ from gumiho.trace import GenerationTrace
 from . import figures, gpu, render, validate
 from .render import is_reference
 from .examples import Example
+from .figures import NORMAL, FigureStyle
+from .present import Presenters
 from .service import (
     TREE_FIELDS_USED,
     Control,
@@ -148,8 +150,8 @@ class RaceParts(Parts):
         return [self.message, self.headline, self.table, self.timeline, self.tau, self.timing, self.texts,
                 self.traces, self.pick, self.files]
 
-    def values(self, traces: list[GenerationTrace]) -> dict:
-        view = RaceView.of(traces)
+    def values(self, traces: list[GenerationTrace], style: FigureStyle = NORMAL) -> dict:
+        view = RaceView.of(traces, style)
         return {self.headline: view.headline, self.table: view.table, self.timeline: view.timeline,
                 self.tau: view.tau, self.timing: view.timing, self.texts: view.texts, self.traces: traces}
 
@@ -166,17 +168,23 @@ class Handlers:
     racing: RaceParts
     status_line: gr.Markdown
     status_timer: gr.Timer
+    pinned: gr.State | None = None  # the names of the settings a link set (see `status`)
+    presenters: Presenters = field(default_factory=Presenters)
 
     def __post_init__(self) -> None:
         gpu.serve(self.loader)
 
-    def status(self, method: str) -> dict:
-        """The loading line; once the engine is ready, the tree panels get the defaults of its device."""
+    def status(self, method: str, pinned: Collection[str] = ()) -> dict:
+        """The loading line; once the engine is ready, the tree panels get the defaults of its device, except the
+        settings a link set (`pinned`: names of `explore.tree_fields`, "race.top_k", "race.total_tokens")."""
         values = {self.status_line: self.loader.status(), self.status_timer: gr.Timer(active=not self.loader.ready)}
         if self.loader.ready and not self.loader.error:
             shared = self.loader.default_tree("gumiho").to_dict()
+            race = {"race.top_k": self.racing.top_k, "race.total_tokens": self.racing.total_tokens}
+            kept = {box for name, box in (self.explore.tree_fields | race).items() if name in pinned}
             values |= self.method_defaults(method) | {self.racing.top_k: shared["top_k"],
                                                       self.racing.total_tokens: shared["total_tokens"]}
+            values = {box: value for box, value in values.items() if box not in kept}
         return values
 
     def _turn(self, message: gr.Markdown, control: Control) -> Iterator[dict]:
@@ -237,25 +245,25 @@ class Handlers:
                     return
                 config = settings.config(method, self.loader.default_tree(method))
                 yield {ui.message: f"Generating with {method_name(method)}…", ui.pick: None}
-                trace, drawn = None, 0.0
+                trace, drawn, style = None, 0.0, self.presenters.style(request)
                 run = gpu.generate_traces(prompt, method, config, self.limits, control, STREAM_EVERY_S)
                 with closing(run) as updates:
                     for trace in updates:
                         if time.monotonic() - drawn >= FIGURE_EVERY_S:
                             drawn = time.monotonic()
-                            yield ui.values(ExploreView.of(trace), trace)
+                            yield ui.values(ExploreView.of(trace, style=style), trace)
                         else:
                             yield ui.progress(ProgressView.of(trace))
                 yield {ui.message: ending(control, trace, self.limits, done=True),
-                       **ui.values(ExploreView.of(trace), trace), ui.download: save_traces([trace])[0]}
+                       **ui.values(ExploreView.of(trace, style=style), trace), ui.download: save_traces([trace])[0]}
             except Exception as exc:
                 yield {ui.message: failure(exc)}
 
-    def show_cycle(self, trace: GenerationTrace | None, cycle: float) -> dict:
+    def show_cycle(self, trace: GenerationTrace | None, cycle: float, request: gr.Request | None = None) -> dict:
         if trace is None or not trace.steps:
             return {self.explore.cycle_info: gr.skip()}  # an empty dict would read as one value
         try:
-            return self.explore.cycle_values(CycleView.of(trace, int(cycle)))
+            return self.explore.cycle_values(CycleView.of(trace, int(cycle), self.presenters.style(request)))
         except Exception as exc:  # the message goes where the cycle's caption would
             return {self.explore.cycle_info: failure(exc)}
 
@@ -267,29 +275,30 @@ class Handlers:
         start = 0 if int(cycle) >= steps - 1 else int(cycle)
         return self.explore.playback(True) | {self.explore.cycle: start}
 
-    def tick(self, trace: GenerationTrace | None, cycle: float) -> dict:
+    def tick(self, trace: GenerationTrace | None, cycle: float, request: gr.Request | None = None) -> dict:
         ui = self.explore
         steps = len(trace.steps) if trace else 0
         if steps == 0:
             return ui.playback(False)
         k = min(int(cycle) + 1, steps - 1)
         try:
-            view = ui.cycle_values(CycleView.of(trace, k))
+            view = ui.cycle_values(CycleView.of(trace, k, self.presenters.style(request)))
         except Exception as exc:
             return ui.playback(False) | {ui.cycle_info: failure(exc)}
         return {ui.cycle: k, **view, **ui.playback(k < steps - 1)}
 
-    def pick_example(self, key: str) -> dict:
+    def pick_example(self, key: str, request: gr.Request | None = None) -> dict:
         ui = self.explore
         name, _, method = (key or "").partition("/")
         example = next((e for e in self.examples if e.name == name), None)
         if example is None or method not in {t.method for t in example.traces}:
             return {ui.message: "⚠ No such example."}
         trace = example.trace(method)
-        return {ui.message: "", **ui.values(ExploreView.of(trace, showcase_index(trace)), trace),
+        view = ExploreView.of(trace, showcase_index(trace), self.presenters.style(request))
+        return {ui.message: "", **ui.values(view, trace),
                 ui.download: str(example.path(method))}
 
-    def upload(self, path: Any) -> dict:
+    def upload(self, path: Any, request: gr.Request | None = None) -> dict:
         ui = self.explore
         try:
             if not path:
@@ -300,7 +309,8 @@ class Handlers:
         except InvalidInput as exc:
             return {ui.message: failure(exc)}
         note = f"Replaying the uploaded trace of {method_name(trace.method)}."
-        return {ui.message: note, **ui.values(ExploreView.of(trace), trace), ui.pick: None}
+        return {ui.message: note, **ui.values(ExploreView.of(trace, style=self.presenters.style(request)), trace),
+                ui.pick: None}
 
     def method_defaults(self, method: str) -> dict:
         """The method's default tree in the advanced panel; fields it does not use keep their value, greyed out."""
@@ -344,19 +354,19 @@ class Handlers:
                 finished = len(engine_traces) == len(configs)
                 yield {ui.message: ending(control, engine_traces[-1] if engine_traces else None, self.limits,
                                           finished),
-                       **ui.values(traces), ui.files: save_traces(engine_traces)}
+                       **ui.values(traces, self.presenters.style(request)), ui.files: save_traces(engine_traces)}
             except Exception as exc:
                 yield {ui.message: failure(exc)}
 
-    def pick_race(self, name: str) -> dict:
+    def pick_race(self, name: str, request: gr.Request | None = None) -> dict:
         ui = self.racing
         example = next((e for e in self.examples if e.name == name), None)
         if example is None:
             return {ui.message: "⚠ No such example."}
-        return {ui.message: "", **ui.values(list(example.traces)),
+        return {ui.message: "", **ui.values(list(example.traces), self.presenters.style(request)),
                 ui.files: [str(example.path(t.method)) for t in example.traces]}
 
-    def race_upload(self, paths: list[str] | None) -> dict:
+    def race_upload(self, paths: list[str] | None, request: gr.Request | None = None) -> dict:
         ui = self.racing
         try:
             traces = [validate.trace_file(p) for p in paths or []]
@@ -367,7 +377,8 @@ class Handlers:
             return {ui.message: failure(exc)}
         order = race_order(methods)
         traces.sort(key=lambda t: order.index(t.method))
-        return {ui.message: "Replaying the uploaded traces.", **ui.values(traces), ui.pick: None}
+        return {ui.message: "Replaying the uploaded traces.", **ui.values(traces, self.presenters.style(request)),
+                ui.pick: None}
 
 
 def tau_calculator(text: str) -> tuple[str, go.Figure | Any]:

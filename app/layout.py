@@ -7,13 +7,15 @@ import gradio as gr
 from gumiho.trace import DRAFTED_METHODS
 from gumiho.tree import TreeSettings
 
-from . import figures
+from . import figures, present
 from .bench import QUICK_COMMAND, acceptance_rows, read_runs, task_rows
 from .blocks import Blocks
 from .examples import PROMPTS, Example, load_examples
 from .handlers import PLAY, ExploreParts, Handlers, RaceParts, tau_calculator
 from .lesson import lesson_cycle, lesson_parts, walkthrough
+from .link_events import LinkEvents, LinkParts, link_box, link_note
 from .page_download import page_file, wire_page_download
+from .present import PresenterEvents, PresenterParts
 from .service import RACE_DEFAULT, EngineLoader, Sessions
 from .style import CSS, method_name
 from .validate import FIELDS, Limits
@@ -56,7 +58,8 @@ def _header(loader: EngineLoader, limits: Limits) -> tuple[gr.Markdown, gr.Timer
                 "see its tree, race the methods, or read *How it works*.")
     status = gr.Markdown(loader.status(), elem_classes="gm-status")
     gr.Markdown(f"One engine serves every visitor, one run at a time. Limits: {limits.describe()} "
-                f"(a run that reaches its time budget stops and keeps what it wrote).", elem_classes="gm-status")
+                f"(a run that reaches its time budget stops and keeps what it wrote).",
+                elem_classes=["gm-status", "gm-extra"])
     return status, gr.Timer(1.0)
 
 
@@ -69,19 +72,21 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
 
     with Blocks(title="Gumiho speculative decoding explorer", delete_cache=(3600, 3600)) as demo:
         status, status_timer = _header(loader, limits)
+        present_toggle, note = present.toggle(), link_note()
 
-        with gr.Tabs():
-            with gr.Tab("Explore"):
+        with gr.Tabs() as tabs:
+            with gr.Tab("Explore", id="explore"):
                 with gr.Row():
                     with gr.Column(scale=3):
                         prompt = gr.Textbox(label="Prompt", lines=3,
                                             value=explore_trace.prompt if explore_trace else PROMPTS[0])
-                        gr.Examples([[p] for p in PROMPTS], inputs=[prompt], label="Example prompts")
+                        gr.Examples([[p] for p in PROMPTS], inputs=[prompt], label="Example prompts",
+                                    elem_id="gm-explore-examples")
                     with gr.Column(scale=2):
                         method = gr.Radio(METHOD_CHOICES, value="gumiho", label="Method")
                         temperature = _slider("temperature", 0, "Temperature (0 = greedy)", limits, 0.05)
                         max_new = _slider("max_new_tokens", min(64, limits.max_new_tokens), "Max new tokens", limits)
-                        with gr.Accordion("Advanced: sampling and draft tree", open=False):
+                        with gr.Accordion("Advanced: sampling and draft tree", open=False, elem_classes="gm-extra"):
                             top_p = _slider("top_p", 1, "top-p", limits, 0.05)
                             seed = gr.Number(value=0, precision=0, label=f"Seed ({FIELDS['seed'].text()})")
                             tree = _tree_inputs(limits)
@@ -89,9 +94,12 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                     generate_btn = gr.Button("Generate", variant="primary")
                     stop_btn = gr.Button("Stop", variant="stop")
                     download = gr.DownloadButton("Download trace (JSON)",
-                                                 value=str(first.path(explore_trace.method)) if first else None)
-                    upload = gr.UploadButton("Replay a trace (JSON)", file_types=[".json"])
+                                                 value=str(first.path(explore_trace.method)) if first else None,
+                                                 elem_classes="gm-extra")
+                    upload = gr.UploadButton("Replay a trace (JSON)", file_types=[".json"], elem_classes="gm-extra")
                     explore_page = gr.Button("Download as a page", elem_classes="gm-extra")
+                    explore_copy = gr.Button("Copy link")
+                explore_link = link_box()
                 explore_page_file = page_file()
                 pick = gr.Dropdown([c for e in examples for c in e.choices()], label="Recorded examples",
                                    value=f"{first.name}/{explore_trace.method}" if first else None)
@@ -103,7 +111,8 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                 with gr.Row(equal_height=True):
                     cycle = gr.Slider(0, view.slider_max, value=view.cycle, step=1, scale=5,
                                       label="Cycle (one target forward each)")
-                    play = gr.Button(PLAY, scale=1)
+                    play = gr.Button(PLAY, scale=1, elem_id="gm-play")
+                    speed = present.speed(PLAY_EVERY_S)
                 cycle_info = gr.Markdown(view.detail.caption, label="cycle")
                 tree_plot = gr.Plot(view.detail.tree, label="Draft tree")
                 paths = gr.Dataframe(view.detail.paths, label="Candidate paths of this cycle", interactive=False,
@@ -112,19 +121,20 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                                        gr.State(explore_trace), pick, download, gr.State(False),
                                        gr.Timer(PLAY_EVERY_S, active=False), play, tree)
 
-            with gr.Tab("Race"):
+            with gr.Tab("Race", id="race"):
                 gr.Markdown("One prompt through the methods you pick, then **AR**, one after the other (never at "
                             "the same time, so the timings stay honest). Every drafter gets the same verification "
                             "budget: the same total tokens (a static tree, EAGLE's or Medusa's and Hydra's, at most "
                             "its own size; a lookup or recycle tree at most what its shape drafts) and, where its "
                             "tree has one, the same top-k. The recorded races below "
                             "were timed on a shared 2-core CPU, so their timings move with whatever else ran; race "
-                            "your own prompt to see this machine now.")
+                            "your own prompt to see this machine now.", elem_classes="gm-extra")
                 with gr.Row():
                     with gr.Column(scale=3):
                         race_prompt = gr.Textbox(label="Race prompt", lines=2,
                                                  value=first.prompt if first else PROMPTS[0])
-                        gr.Examples([[p] for p in PROMPTS], inputs=[race_prompt], label="Example prompts")
+                        gr.Examples([[p] for p in PROMPTS], inputs=[race_prompt], label="Example prompts",
+                                    elem_id="gm-race-examples")
                     with gr.Column(scale=2):
                         race_methods = gr.CheckboxGroup(RACE_CHOICES, value=list(RACE_DEFAULT),
                                                         label="Methods (AR always runs, last)")
@@ -139,8 +149,10 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                     race_btn = gr.Button("Race", variant="primary")
                     race_stop = gr.Button("Stop", variant="stop")
                     race_upload = gr.UploadButton("Replay traces (JSON, one per method)", file_types=[".json"],
-                                                  file_count="multiple")
+                                                  file_count="multiple", elem_classes="gm-extra")
                     race_page = gr.Button("Download as a page", elem_classes="gm-extra")
+                    race_copy = gr.Button("Copy link")
+                race_link = link_box()
                 race_page_file = page_file()
                 race_pick = gr.Dropdown([(e.prompt, e.name) for e in examples], label="Recorded races",
                                         value=first.name if first else None)
@@ -156,25 +168,35 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                     gr.HTML(shown.texts, label="texts"),
                     gr.State(recorded), race_pick,
                     gr.File([str(first.path(t.method)) for t in recorded] if first else None,
-                            label="Traces of this race (JSON)", file_count="multiple", interactive=False),
+                            label="Traces of this race (JSON)", file_count="multiple", interactive=False,
+                            elem_classes="gm-extra"),
                     race_top_k, race_total)
 
-            with gr.Tab("Benchmarks"), gr.Column(elem_id="gm-bench"):
+            with gr.Tab("Benchmarks", id="bench"), gr.Column(elem_id="gm-bench"):
                 bench_refresh = gr.Button("Reload results", size="sm")
 
                 gr.render(triggers=[demo.load, bench_refresh.click])(_benchmarks)
 
-            with gr.Tab("How it works"):
+            with gr.Tab("How it works", id="lesson"):
                 _lesson(examples)
 
-        handlers = Handlers(loader, Sessions(), examples, limits, explore, racing, status, status_timer)
-        _wire(handlers, demo, method, [prompt, method, temperature, max_new, top_p, seed, *tree.values()],
-              [race_prompt, race_methods, race_temperature, race_max_new, race_top_k, race_total, race_fta],
+        handlers = Handlers(loader, Sessions(), examples, limits, explore, racing, status, status_timer,
+                            pinned=gr.State(frozenset()))
+        explore_fields = {"prompt": prompt, "method": method, "temperature": temperature, "max_new_tokens": max_new,
+                          "top_p": top_p, "seed": seed, **tree}
+        race_fields = {"prompt": race_prompt, "methods": race_methods, "temperature": race_temperature,
+                       "max_new_tokens": race_max_new, "top_k": race_top_k, "total_tokens": race_total,
+                       "fta": race_fta}
+        _wire(handlers, demo, method, list(explore_fields.values()), list(race_fields.values()),
               generate_btn, stop_btn, upload, race_btn, race_stop, race_upload)
         _check_ranges(handlers, explore.message, {"temperature": temperature, "max_new_tokens": max_new,
                                                   "top_p": top_p, **{n: b for n, b in tree.items() if n != "fta"}})
         _check_ranges(handlers, racing.message, {"temperature": race_temperature, "max_new_tokens": race_max_new,
                                                  "top_k": race_top_k, "total_tokens": race_total})
+        presenter = PresenterParts(present_toggle, speed)
+        PresenterEvents.build(handlers, presenter).wire(demo)
+        links = LinkParts(tabs, note, explore_fields, race_fields, explore_copy, explore_link, race_copy, race_link)
+        LinkEvents.build(handlers, links, presenter).wire(demo)
         wire_page_download(explore_page, explore_page_file, explore.trace, explore.message)
         wire_page_download(race_page, race_page_file, racing.traces, racing.message)
     return demo
@@ -196,7 +218,7 @@ def _wire(handlers: Handlers, demo: gr.Blocks, method: gr.Radio, explore_inputs:
     private = dict(api_visibility="private")
     status_outputs = [handlers.status_line, handlers.status_timer, *explore.tree_fields.values(), racing.top_k,
                       racing.total_tokens]
-    handlers.status_timer.tick(handlers.status, [method], status_outputs, concurrency_limit=None,
+    handlers.status_timer.tick(handlers.status, [method, handlers.pinned], status_outputs, concurrency_limit=None,
                                show_progress="hidden", **private)
     engine_event = dict(concurrency_limit=1, concurrency_id="engine", preprocess=False, show_progress="minimal")
     queued = dict(concurrency_limit=None, show_progress="hidden", **private)
@@ -204,7 +226,8 @@ def _wire(handlers: Handlers, demo: gr.Blocks, method: gr.Radio, explore_inputs:
     generate_btn.click(handlers.queue, None, [explore.message], **queued).success(
         handlers.generate, explore_inputs, explore.shown(), api_name="generate", **engine_event)
     stop_btn.click(handlers.stop, outputs=[explore.message], concurrency_limit=None, api_name="stop")
-    method.change(handlers.method_defaults, [method], list(explore.tree_fields.values()), **private)
+    # `input`, not `change`: a link sets the method together with its own tree settings
+    method.input(handlers.method_defaults, [method], list(explore.tree_fields.values()), **private)
     explore.cycle.input(handlers.show_cycle, [explore.trace, explore.cycle], explore.player(),
                         trigger_mode="always_last", show_progress="hidden", **private)
     explore.play.click(handlers.toggle_play, [explore.playing, explore.trace, explore.cycle], explore.player(),

@@ -31,6 +31,7 @@ CYCLE = Range("cycle", 0, 100_000)
 EXAMPLE_NAME = re.compile(r"[\w.-]{1,64}")
 SCRIPT = re.compile(r"<\s*/?\s*script|javascript\s*:|<[^>]*\bon[a-z]+\s*=", re.IGNORECASE)
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+GRADIO_PREFIX = "__"  # Gradio's own parameters (?__theme=dark)
 UNKNOWN_SHOWN = 3  # unknown parameter names named in the message; the rest are counted
 
 
@@ -56,6 +57,8 @@ class LinkState:
         problems: list[str] = []
         unknown: list[str] = []
         for name, raw in query.items():
+            if name.startswith(GRADIO_PREFIX):
+                continue
             reader = READERS.get(name)
             if reader is None:
                 unknown.append(name)

@@ -54,4 +54,17 @@ CSS = """
 #gm-bench table th { padding: 6px 10px; }
 #gm-bench table td { padding: 4px 10px; }
 #gm-bench .gm-report table { display: block; overflow-x: auto; max-width: 100%; }
+.gm-link-note { font-size: 14px; }
+/* Presenter view (body.gm-present, set by its toggle): what a class does not need is hidden, the rest is larger. */
+body.gm-present .gm-extra, body.gm-present #gm-explore-examples, body.gm-present #gm-race-examples,
+body.gm-present footer { display: none !important; }
+body.gm-present .gradio-container { max-width: 100% !important; }
+/* !important: Gradio also adds every rule scoped under .gradio-container .contain, which outranks body.gm-present */
+body.gm-present .prose, body.gm-present .gm-legend { font-size: 18px !important; }
+body.gm-present .gm-output { font-size: 24px !important; }
+body.gm-present .gm-texts { font-size: 20px !important; }
+@media (prefers-reduced-motion: reduce) {
+  *, *::before, *::after { animation-duration: 0.01ms !important; animation-iteration-count: 1 !important;
+                           transition-duration: 0.01ms !important; scroll-behavior: auto !important; }
+}
 """ + STATE_CSS

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from gumiho.trace import CycleTrace, GenerationTrace
 
 from . import figures, render
+from .figures import NORMAL, FigureStyle
 
 
 @dataclass
@@ -22,17 +23,18 @@ class CycleView:
     paths: pd.DataFrame
 
     @classmethod
-    def of(cls, trace: GenerationTrace | None, k: int) -> CycleView:
+    def of(cls, trace: GenerationTrace | None, k: int, style: FigureStyle = NORMAL) -> CycleView:
         if trace is None:
-            return cls(render.EMPTY_OUTPUT, "", figures.empty_figure("no trace yet"), render.empty_paths_table())
+            return cls(render.EMPTY_OUTPUT, "", figures.empty_figure("no trace yet", style=style),
+                       render.empty_paths_table())
         if not trace.steps:
             note = "This trace has no recorded cycles (it was recorded without the tree; use `--trace`)."
-            return cls(render.output_html(trace), note, figures.empty_figure("no cycles recorded"),
+            return cls(render.output_html(trace), note, figures.empty_figure("no cycles recorded", style=style),
                        render.empty_paths_table())
         k = min(max(int(k), 0), len(trace.steps) - 1)
         step = trace.steps[k]
-        return cls(render.output_html(trace, selected=k), render.cycle_markdown(step), figures.tree_figure(step),
-                   render.paths_table(step))
+        return cls(render.output_html(trace, selected=k), render.cycle_markdown(step),
+                   figures.tree_figure(step, style=style), render.paths_table(step))
 
 
 @dataclass
@@ -46,14 +48,14 @@ class ExploreView:
     detail: CycleView
 
     @classmethod
-    def of(cls, trace: GenerationTrace | None, cycle: int | None = None) -> ExploreView:
+    def of(cls, trace: GenerationTrace | None, cycle: int | None = None, style: FigureStyle = NORMAL) -> ExploreView:
         """`cycle` None shows the last cycle."""
         if trace is None:
-            return cls("Generate something, or replay a trace.", "", 0, 0, CycleView.of(None, 0))
+            return cls("Generate something, or replay a trace.", "", 0, 0, CycleView.of(None, 0, style))
         n = len(trace.steps)
         k = n - 1 if cycle is None else int(cycle)
         k = min(max(k, 0), max(n - 1, 0))
-        return cls(render.trace_summary(trace), render.legend_html(trace), n, k, CycleView.of(trace, k))
+        return cls(render.trace_summary(trace), render.legend_html(trace), n, k, CycleView.of(trace, k, style))
 
     @property
     def slider_max(self) -> int:
@@ -89,11 +91,11 @@ class RaceView:
     texts: str
 
     @classmethod
-    def of(cls, traces: list[GenerationTrace]) -> RaceView:
+    def of(cls, traces: list[GenerationTrace], style: FigureStyle = NORMAL) -> RaceView:
         engine = [t for t in traces if not render.is_reference(t)]  # the reference run is a table row only
-        return cls(render.race_headline(traces), render.race_table(traces), figures.race_timeline_figure(engine),
-                   figures.race_tau_figure(engine), figures.race_timing_figure(engine),
-                   render.race_texts_html(engine))
+        return cls(render.race_headline(traces), render.race_table(traces),
+                   figures.race_timeline_figure(engine, style), figures.race_tau_figure(engine, style),
+                   figures.race_timing_figure(engine, style), render.race_texts_html(engine))
 
 
 def showcase_cycle(trace: GenerationTrace) -> CycleTrace | None:

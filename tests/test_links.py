@@ -1,7 +1,9 @@
-"""Durable links without a browser: parsing what a link asks for, and building one from a state."""
+"""Durable links without a browser: the link format (what a link asks for, and a link from a state), then the
+page's handlers of links on recorded traces and a tiny engine."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from urllib.parse import parse_qsl
 
 import pytest
@@ -108,3 +110,118 @@ def test_a_prompt_with_script_is_kept_as_text_and_said_so(prompt):
 
 def test_a_prompt_about_code_is_not_taken_for_script():
     assert parse("prompt=Write+a+loop+where+one+%3D+1+and+onset%3D2")[1] == []
+
+
+def test_gradio_s_own_parameters_are_not_the_link_s():
+    assert parse("__theme=dark&tab=race") == (LinkState(tab="race"), [])
+
+
+# The page's handlers ---------------------------------------------------------------------------------------------
+
+
+def page_with(loader, examples=()):
+    """The app's page, and its LinkEvents (through the function behind its load event)."""
+    from app.layout import build_app
+    from app.link_events import LinkEvents
+
+    demo = build_app(loader, Limits(max_run_seconds=30), list(examples))
+    return next(f.fn.__self__ for f in demo.fns.values() if isinstance(getattr(f.fn, "__self__", None), LinkEvents))
+
+
+def no_engine():
+    from app.service import EngineLoader
+    from gumiho.errors import GumihoError
+
+    def fail(report):
+        raise GumihoError("no model here")
+    return EngineLoader(fail).load()
+
+
+def request(query: str, session: str = "links") -> SimpleNamespace:
+    return SimpleNamespace(session_hash=session, query_params=dict(parse_qsl(query)))
+
+
+def inputs(events, values: dict) -> list:
+    """Explore's inputs, then Race's, as the page holds them after `values` (updates as dicts or plain values)."""
+    def current(box):
+        value = values.get(box, box.value)
+        return value.get("value", box.value) if isinstance(value, dict) else value
+    fields = events.parts.explore_fields | {f"race.{n}": box for n, box in events.parts.race_fields.items()}
+    return [current(box) for box in fields.values()]
+
+
+@pytest.fixture
+def example(tmp_path):
+    from app.examples import Example
+
+    from .app_traces import ar_trace, gumiho_trace
+
+    traces = (gumiho_trace(), ar_trace())
+    for trace in traces:
+        (tmp_path / f"{trace.method}.json").write_text(trace.to_json())
+    return Example(name="ex", folder=tmp_path, traces=traces)
+
+
+def test_an_example_link_clamps_its_cycle_and_says_what_it_left_out(example):
+    from app.figures import LARGE
+
+    events = page_with(no_engine(), [example])
+    explore, asked = events.handlers.explore, request("example=ex&method=eagle2&cycle=99&present=1")
+    values = events.restore(False, "gumiho", asked)
+    assert values[events.parts.note] == (
+        "Opened the recorded Gumiho run of “Say something”, cycle 1. ⚠ Left out: the example has no recorded "
+        "EAGLE\\-2 run; cycle 99 is beyond this run \\(cycles 0 to 1\\): it shows cycle 1.")
+    assert values[explore.pick] == "ex/gumiho" and values[explore.cycle].value == 1
+    assert values[events.presenter.toggle] is True and events.handlers.presenters.style(asked) is LARGE
+    assert values[explore.tree].layout.font.size == 18
+    assert events.rerun_flag not in values, "a recorded run is not run again"
+
+
+def test_copy_link_names_the_example_or_the_settings_the_method_uses(example, monkeypatch):
+    events = page_with(no_engine(), [example])
+    explore = [box.value for box in events.parts.explore_fields.values()]
+    box = events.parts.explore_link
+    assert events.explore_link("ex/gumiho", 1.0, True, *explore)[box].value == (
+        "?tab=explore&example=ex&method=gumiho&cycle=1&present=1")
+    fields = dict(zip(events.parts.explore_fields, explore)) | {"prompt": "Hi <b>", "method": "eagle2", "seed": 7}
+    monkeypatch.setenv("SPACE_ID", "owner/gumiho")
+    link = events.explore_link(None, 0, False, *fields.values())[box].value
+    assert link.startswith("https://huggingface.co/spaces/owner/gumiho?tab=explore&method=eagle2&cycle=0"
+                           "&prompt=Hi+%3Cb%3E&")
+    assert "seed=7" in link and "top_k=" in link and "mlptopk" not in link, "EAGLE-2 takes no mlptopk"
+    race = dict(zip(events.parts.race_fields, [b.value for b in events.parts.race_fields.values()]))
+    race |= {"prompt": "x" * 3000}
+    updates = events.race_link(None, False, *race.values())
+    assert "prompt=" not in updates[events.parts.race_link].value and "methods=eagle2%2Cgumiho" in updates[
+        events.parts.race_link].value
+    assert "It leaves out: the prompt is 3,000 characters" in updates[events.handlers.racing.message]
+
+
+def test_a_live_link_reruns_through_generate_with_its_seed_then_shows_its_cycle(monkeypatch, tmp_path):
+    from app.service import EngineLoader
+    from gumiho.engine import Engine
+
+    from .conftest import random_drafter, tiny_target
+
+    def tiny_engine(report) -> Engine:
+        target = tiny_target()
+        return Engine(target, {m: random_drafter(m, target) for m in ("eagle2", "gumiho")})
+
+    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    events = page_with(EngineLoader(tiny_engine).load())
+    explore, asked = events.handlers.explore, request("prompt=w1+w2+w3+w1+w2&method=eagle2&seed=3&max_new_tokens=8"
+                                                      "&top_k=2&cycle=1&methods=medusa,eagle2")
+    values = events.restore(False, "gumiho", asked)
+    assert values[events.parts.note] == (
+        "Opened a link to a live run: the page runs it again with EAGLE\\-2, with the link's settings and seed 3. "
+        "⚠ Left out: Medusa is not loaded on this server.")
+    assert values[events.rerun_flag] is True
+    assert events.handlers.status("eagle2", values[events.handlers.pinned]).get(explore.tree_fields["top_k"]) is None
+    rerun = values[events.rerun_state]
+    assert events.reserve(rerun, asked) == {explore.message: "Waiting for the engine…"}
+    updates = list(events.rerun(rerun, asked, *inputs(events, values)))
+    trace = [u[explore.trace] for u in updates if explore.trace in u][-1]
+    assert (trace.method, trace.prompt, trace.settings.seed, trace.settings.tree["top_k"]) == (
+        "eagle2", "w1 w2 w3 w1 w2", 3, 2)
+    assert "Done." in [u.get(explore.message) for u in updates]
+    assert updates[-1][explore.cycle].value == 1 and updates[-1][explore.cycle_info].startswith("**Cycle 1**")
