@@ -1,7 +1,8 @@
 """Durable links, presenter view and the player's keys in headless Chromium (Debian's, driven by Playwright).
 
 The app runs without a model (`--model` names a folder that does not exist): links to recorded examples, the
-keys and presenter view need none, and a live run's link then restores its settings without running them.
+keys and presenter view need none, and a live run's link then restores its settings without running them. The
+last test (slow) starts the app with the real model, to see a live run's link run again.
 """
 
 from __future__ import annotations
@@ -207,3 +208,25 @@ def test_presenter_view_at_1920x1080_is_large_and_hides_the_extras(browser):
         wait_cycle(page, 6)
     finally:
         page.close()
+
+
+@pytest.mark.slow
+def test_a_live_run_link_runs_again_once_the_model_is_ready(browser):
+    """With the real model: the page presses its hidden rerun button, Generate's path runs the link's settings and
+    seed, and the cycle the link names is shown at the end."""
+    chromium, _ = browser
+    with served_app("app-links-model") as url:
+        page = chromium.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            page.goto(url)
+            page.get_by_text("Model ready", exact=False).first.wait_for(timeout=600_000)
+            # 16 tokens: two cycles at least, so that cycle 1 exists
+            page.goto(f"{url}?prompt=Name+three+fruits.&method=gumiho&seed=3&max_new_tokens=16&cycle=1")
+            line = note(page, "Opened a link to a live run")
+            assert line == ("Opened a link to a live run: the page runs it again with Gumiho, with the link's "
+                            "settings and seed 3.")
+            page.get_by_text("Done.", exact=True).wait_for(timeout=240_000)
+            wait_cycle(page, 1)
+            assert page.get_by_text(re.compile(r"^Gumiho · \d+ tokens in \d+ cycles")).count() == 1
+        finally:
+            page.close()
