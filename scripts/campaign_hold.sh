@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run a command with the background drafter campaign stopped, and let the campaign go on when the last such command
 # ends (on 2 cores a background job skews every timing and slows tests tenfold). Several holders may overlap: each
-# takes a shared lock, and only the one that finds no other holder left continues the campaign.
+# takes a shared lock, and only the one that finds no other holder left continues the campaign (so does
+# gumiho.bench.machine.campaign_paused, which `python -m gumiho bench` uses).
 #
 #   bash scripts/campaign_hold.sh make test
 set -uo pipefail
-cd "$(dirname "$0")/.."
-RUNS=${RUNS:-runs/campaign}
+RUNS=${RUNS:-"$(dirname "$0")/../runs/campaign"}
 pid_file="$RUNS/campaign.pid"
 if [ ! -s "$pid_file" ]; then exec "$@"; fi
 group=$(cat "$pid_file")

@@ -34,6 +34,26 @@ def test_a_benchmark_stops_the_campaigns_process_group_and_lets_it_go_on(tmp_pat
         worker.wait()
 
 
+def test_overlapping_holders_continue_the_campaign_only_when_the_last_one_ends(tmp_path):
+    """A benchmark (campaign_paused) and a command under scripts/campaign_hold.sh, one inside the other's time."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"],
+                              start_new_session=True)
+    try:
+        pid_file = tmp_path / "campaign.pid"
+        pid_file.write_text(f"{os.getpgid(worker.pid)}\n")
+        with campaign_paused(pid_file) as paused:
+            held = subprocess.run(["bash", str(ROOT / "scripts" / "campaign_hold.sh"), "true"],
+                                  env={**os.environ, "RUNS": str(tmp_path)}, capture_output=True, text=True)
+            assert held.returncode == 0 and "paused" in held.stderr and "goes on" not in held.stderr
+            time.sleep(0.2)
+            assert paused and state(worker.pid) == "T"  # the benchmark still measures
+        time.sleep(0.2)
+        assert state(worker.pid) != "T"
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_no_campaign_or_a_stale_file_changes_nothing(tmp_path):
     with campaign_paused(tmp_path / "missing.pid") as paused:
         assert not paused

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import platform
@@ -62,11 +63,15 @@ CAMPAIGN_PID = Path(__file__).resolve().parents[2] / "runs" / "campaign" / "camp
 def campaign_paused(pid_file: Path | None = None) -> Iterator[bool]:
     """Stop the background drafter campaign (scripts/cpu_campaign.sh writes its process group to `pid_file`;
     $GUMIHO_CAMPAIGN_PID overrides the default) while the block measures, and let it go on afterwards, whatever
-    happens in the block. Yields whether a campaign was paused."""
+    happens in the block. Holders may overlap (this and scripts/campaign_hold.sh): each holds a shared lock on
+    hold.lock beside the pid file, and only the last one out continues the campaign. Yields whether a campaign was
+    paused."""
     path = Path(pid_file or os.environ.get("GUMIHO_CAMPAIGN_PID", CAMPAIGN_PID))
-    group = None
+    group, hold = None, None
     try:
         group = int(path.read_text().strip())
+        hold = open(path.with_name("hold.lock"), "a")
+        fcntl.flock(hold, fcntl.LOCK_SH)
         os.killpg(group, signal.SIGSTOP)
         logging.getLogger(__name__).warning("paused the drafter campaign (process group %d) while measuring", group)
     except (OSError, ValueError):  # no campaign, a stale file, or not ours to stop
@@ -74,11 +79,15 @@ def campaign_paused(pid_file: Path | None = None) -> Iterator[bool]:
     try:
         yield group is not None
     finally:
-        if group is not None:
+        if hold is not None:
+            fcntl.flock(hold, fcntl.LOCK_UN)
             try:
-                os.killpg(group, signal.SIGCONT)
-            except OSError:
+                fcntl.flock(hold, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no other holder left
+                if group is not None:
+                    os.killpg(group, signal.SIGCONT)
+            except OSError:  # another holder still measures (it continues the campaign), or the campaign ended
                 pass
+            hold.close()
 
 
 class LoadMonitor:
