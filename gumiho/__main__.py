@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import replace
 
-from .cli import OneLineParser, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
+from .cli import OneLineParser, positive, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
 from .errors import GumihoError
 from .prompts import read_prompts
 from .trace import DRAFTED_METHODS, METHODS, WEIGHT_FREE_METHODS
@@ -89,8 +89,9 @@ def calibrate_main(args: argparse.Namespace) -> int:
     """Measure a drafter's acceptance statistics and write them beside its weights (or to --out)."""
     from pathlib import Path
 
-    from .acceptance import file_name
+    from .acceptance import Acceptance, file_name
     from .calibrate import calibrate
+    from .profile import TOP_KS
     from .loader import build_engine, shipped_drafter
 
     from .drafters import weights_kind
@@ -103,9 +104,13 @@ def calibrate_main(args: argparse.Namespace) -> int:
         raise GumihoError("give --out FOLDER: the drafter is not a local folder to write acceptance.json into")
     engine = build_engine(args.model, {args.method: args.drafter}, device=args.device, threads=args.threads,
                           dtype=args.dtype, trees="default")
-    acceptance = calibrate(engine, args.method, max_new_tokens=args.max_new_tokens)
-    out.mkdir(parents=True, exist_ok=True)
     borrowed = args.method if weights_kind(args.method) != args.method else ""
+    top_ks = tuple(args.top_ks or TOP_KS)
+    acceptance = calibrate(engine, args.method, top_ks=top_ks, max_new_tokens=args.max_new_tokens)
+    kept = Acceptance.load(out, borrowed) if args.top_ks else None
+    if kept is not None:  # recalibrated top_ks replace their old statistics; the others stay
+        acceptance = Acceptance({**kept.prefix_ranks, **acceptance.prefix_ranks})
+    out.mkdir(parents=True, exist_ok=True)
     acceptance.save(out, borrowed)
     taus = ", ".join(f"top_k {k}: {acceptance.tau(k, 16):.2f}" for k in sorted(acceptance.prefix_ranks))
     print(f"wrote {out / file_name(borrowed)} (tau at 16 tokens: {taus})", file=sys.stderr)
@@ -140,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
     cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")
     cal.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration prompt")
+    cal.add_argument("--top-ks", type=positive, nargs="+", metavar="K",
+                     help="calibrate only these top_ks, keeping the file's statistics for the others "
+                          "(default: every profiled top_k, replacing the file)")
     add_device_arguments(cal)
     commands.add_parser("bench", help="benchmark harness (python -m gumiho bench --help)", add_help=False)
     commands.add_parser("train", help="train a drafter (python -m gumiho train --help)", add_help=False)

@@ -8,7 +8,7 @@ Two inputs, kept apart because they change for different reasons:
     given is the number of leading accepted nodes whose running maximum rank is below n - 1. These depend on the
     drafter and the target, not on the machine.
 
-expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k) + verify_ms(n) + (tau - 1) * head_ms); AR is
+expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k, n) + verify_ms(n) + (tau - 1) * head_ms); AR is
 1000 / verify_ms(1) (a verification computes the lm_head row of each accepted token and of the one after).
 """
 
@@ -82,7 +82,7 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
         for n in sizes:
             tau = acceptance.tau(k, n)
-            rate = 1e3 * tau / (cost.draft_ms[method][k] + cost.cycle_ms(n, tau - 1, KV_TYPICAL))
+            rate = 1e3 * tau / (cost.draft_at(method, k, n) + cost.cycle_ms(n, tau - 1, KV_TYPICAL))
             if best is None or rate > best[0]:
                 best = (rate, k, n)
     rate, k, n = best

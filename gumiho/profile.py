@@ -10,7 +10,9 @@ packing):
   verify_ms   one target forward over n tree tokens (tree mask) + one lm_head row + argmax, for n in SIZES, on
               top of a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
   head_ms     one more lm_head row (a greedy verification reads one per accepted token: verify.LazyLogits);
-  draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix.
+  draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix;
+  small_draft_ms  the same for the sizes too small to keep a dynamic drafter's deeper nodes (it stops drafting
+              there: `TreeSettings.drafted_depth`), for each such size.
 
 The profile is cached in `$GUMIHO_CACHE/profiles/` under the machine's signature (processor and its features,
 device, threads, torch version); a new processor, or a file that does not parse as a profile, is measured again.
@@ -42,10 +44,12 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 4  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms
-SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+VERSION = 5  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+# 5: top_k 1 and 2, size 3 and 6, small trees' drafts
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
-TOP_KS = (3, 4, 6, 8)
+TOP_KS = (1, 2, 3, 4, 6, 8)
+DEPTH_CAPPED = ("eagle2", "gumiho")  # drafters that stop at the depth a small tree can keep
 REPEATS = 3
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -167,6 +171,12 @@ class PathCost:
     verify_ms: dict[int, list[float]]  # KV length -> ms per size in SIZES order (one lm_head row included)
     draft_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # method -> top_k -> ms per propose
     head_ms: float = 0.0  # one more lm_head row: a verification reads one per accepted token (verify.LazyLogits)
+    small_draft_ms: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)  # method -> top_k -> n -> ms
+
+    def draft_at(self, method: str, top_k: int, n: int) -> float:
+        """A draft call for a tree of n tokens: cheaper than the full draft when n is too small for its deeper
+        nodes (`small_draft_ms`), else `draft_ms`."""
+        return self.small_draft_ms.get(method, {}).get(top_k, {}).get(n, self.draft_ms[method][top_k])
 
     def cycle_ms(self, n: int, accepted: float, kv: int = 512) -> float:
         """A verification of n tokens from which `accepted` draft tokens are accepted (expected)."""
@@ -213,9 +223,11 @@ class MachineProfile:
                 if sorted(verify) != sorted(KV_LENGTHS) or any(len(v) != len(SIZES) for v in verify.values()):
                     raise ProfileError("a cost curve of another shape")
                 draft = {str(m): {int(k): float(v) for k, v in per.items()} for m, per in c["draft_ms"].items()}
+                small = {str(m): {int(k): {int(n): float(v) for n, v in by_n.items()} for k, by_n in per.items()}
+                         for m, per in c["small_draft_ms"].items()}
                 path = ExecPath(**c["path"])
                 path.torch_dtype  # noqa: B018 (raises KeyError for an unknown dtype)
-                costs.append(PathCost(path, verify, draft, float(c["head_ms"])))
+                costs.append(PathCost(path, verify, draft, float(c["head_ms"]), small))
             if not costs or not all(x > 0 for c in costs for v in c.verify_ms.values() for x in v):
                 raise ProfileError("empty or non-positive timings")
             return cls(signature=dict(data["signature"]), model=str(data["model"]), drafters=dict(data["drafters"]),
@@ -292,8 +304,11 @@ class DraftTimer:
         self.target, self.drafter, self.method, self.device = target, drafter, method, target.device
 
     @torch.inference_mode()
-    def __call__(self, top_k: int) -> float:
+    def __call__(self, top_k: int, total_tokens: int | None = None) -> float:
+        """ms of one cycle's draft for the widest tree of `top_k`, or for a tree of `total_tokens` of the family."""
         tree, drafter = widest_tree(self.method, top_k), self.drafter
+        if total_tokens:
+            tree = replace(tree, total_tokens=total_tokens)
         drafter.reset()
         drafter.observe(self.ids[:256], self.features[:256])
         drafter.propose(self.features[:256], self.ids[1:257], tree)
@@ -307,6 +322,16 @@ class DraftTimer:
         build_tree(int(self.ids[259]), pool, tree.total_tokens, self.device)
         _sync(self.device)
         return (time.perf_counter() - start) * 1e3
+
+
+def small_sizes(method: str, top_k: int) -> tuple[int, ...]:
+    """The profiled sizes (the choice's candidates) at which `method`'s drafter stops before the widest tree's depth:
+    each costs its own draft."""
+    if method not in DEPTH_CAPPED:
+        return ()
+    widest = widest_tree(method, top_k)
+    return tuple(n for n in SIZES if 2 <= n < widest.total_tokens
+                 and replace(widest, total_tokens=n).drafted_depth < widest.depth)
 
 
 def method_top_ks(method: str, top_ks: tuple[int, ...] = TOP_KS) -> tuple[int, ...]:
@@ -372,8 +397,12 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     warm = [[{} for _ in KV_LENGTHS] for _ in paths]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
     draft_ms = [{m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for _ in paths]
+    small_ms = [{m: {k: {n: [] for n in small_sizes(m, k)} for k in method_top_ks(m, top_ks) if small_sizes(m, k)}
+                 for m in drafters if m in DEPTH_CAPPED} for _ in paths]
     jobs = [(i, j, n) for i in range(len(paths)) for j in range(len(KV_LENGTHS)) for n in SIZES]
-    jobs += [(i, m, k) for i in range(len(paths)) for m in sorted(drafters) for k in method_top_ks(m, top_ks)]
+    jobs += [(i, m, (k, None)) for i in range(len(paths)) for m in sorted(drafters) for k in method_top_ks(m, top_ks)]
+    jobs += [(i, m, (k, n)) for i in range(len(paths)) for m in sorted(small_ms[i]) for k in small_ms[i][m]
+             for n in small_sizes(m, k)]
     start = time.perf_counter()
     with tqdm(total=(repeats + 1) * len(jobs), desc="machine profile", disable=not progress, leave=False) as bar:
         for r in range(repeats + 1):
@@ -388,9 +417,10 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                     else:
                         warm[i][key][size] = ms
                 else:
-                    ms = draft[i][key](size)
+                    k, n = size
+                    ms = draft[i][key](k, n)
                     if r:
-                        draft_ms[i][key][size].append(ms)
+                        (small_ms[i][key][k][n] if n else draft_ms[i][key][k]).append(ms)
                 bar.update()
                 if on_progress and bar.n * 10 // bar.total != (bar.n - 1) * 10 // bar.total:  # every 10%
                     on_progress(bar.n / bar.total)
@@ -398,7 +428,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                       {kv: [low(verify_ms[i][j][n]) if verify_ms[i][j][n] else warm[i][j][n] for n in SIZES]
                        for j, kv in enumerate(KV_LENGTHS)},
                       {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
-                      head_row_ms(runner, features[-1:].to(runner.dtype), repeats))
+                      head_row_ms(runner, features[-1:].to(runner.dtype), repeats),
+                      {m: {k: {n: low(v) for n, v in by_n.items()} for k, by_n in per.items()}
+                       for m, per in small_ms[i].items()})
              for i, (path, runner) in enumerate(zip(paths, runners))]
     return MachineProfile(signature=signature(target.device), model=target.name,
                           drafters={m: drafter_key(d) for m, d in drafters.items()}, costs=costs,

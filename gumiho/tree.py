@@ -253,6 +253,14 @@ class TreeSettings:
         tree.validate(method)
         return tree
 
+    @property
+    def drafted_depth(self) -> int:
+        """The expansion steps a dynamic drafter (EAGLE-2, Gumiho) needs for this tree: its pool reaches depth
+        `depth` + 1, but a tree of n tokens keeps the best n - 1 nodes, and a node never ranks above its parent, so
+        nothing deeper than n - 1 can be kept. Drafting stops there (what the draft of a small tree costs: a chain
+        of two tokens needs no MLP head). FTA pads short paths with deeper tokens, so it keeps every step."""
+        return self.depth if self.fta else max(0, min(self.depth, self.total_tokens - 2))
+
     def pool_size(self, method: str) -> int:
         """Candidates the drafter adds to the pool: the most a tree of this shape can verify besides the root."""
         if method in CHOICES:

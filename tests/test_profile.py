@@ -43,6 +43,13 @@ def test_measure_times_every_candidate_path_size_and_top_k():
         assert all(len(v) == len(SIZES) and min(v) > 0 for v in cost.verify_ms.values())
         assert sorted(cost.draft_ms) == ["eagle2", "gumiho"]
         assert all(sorted(per) == [2, 3] and min(per.values()) > 0 for per in cost.draft_ms.values())
+        for method in ("eagle2", "gumiho"):  # each size too small for the widest tree's depth has its own draft
+            small = cost.small_draft_ms[method]
+            assert sorted(small) == [2, 3]
+            assert all(list(small[k]) == list(prof.small_sizes(method, k)) for k in small)
+            assert cost.draft_at(method, 2, 2) == small[2][2] and cost.draft_at(method, 2, 64) == cost.draft_ms[method][2]
+    assert prof.small_sizes("gumiho", 1) == (2, 3, 4, 6), "depth 6: the profiled sizes up to 7 stop early"
+    assert prof.small_sizes("lookup", 1) == ()
     assert profile.signature == prof.signature(target.device)
     assert MachineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
 
@@ -215,4 +222,14 @@ def test_calibrate_cli_writes_acceptance_statistics(monkeypatch, tmp_path, capsy
     acceptance = Acceptance.load(tmp_path)
     assert acceptance is not None and sorted(acceptance.prefix_ranks) == list(prof.TOP_KS)
     assert "wrote" in capsys.readouterr().err
+    kept = {k: v for k, v in acceptance.prefix_ranks.items() if k != 2}
+    Acceptance({**kept, 2: [[99]]}).save(tmp_path)
+    assert main(["calibrate", "--method", "eagle2", "--out", str(tmp_path), "--max-new-tokens", "4",
+                 "--top-ks", "2"]) == 0
+    merged = Acceptance.load(tmp_path).prefix_ranks
+    assert {k: v for k, v in merged.items() if k != 2} == kept, "the other top_ks keep their statistics"
+    assert merged[2] == acceptance.prefix_ranks[2], "top_k 2 is measured again (the same greedy runs)"
     assert main(["calibrate", "--method", "ar", "--out", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit) as stop:
+        main(["calibrate", "--method", "eagle2", "--out", str(tmp_path), "--top-ks", "0"])
+    assert stop.value.code == 2 and "--top-ks: must be >= 1" in capsys.readouterr().err

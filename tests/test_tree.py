@@ -113,6 +113,28 @@ def test_drafted_trees_satisfy_invariants(method, seed):
         drafter.reset()
 
 
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_a_small_tree_drafts_only_as_deep_as_it_can_keep(method, top_k):
+    """A tree of n tokens drafts n - 2 expansion steps at most, and keeps exactly the nodes the full draft's tree
+    of n tokens keeps (a node never ranks above its parent)."""
+    engine = tiny_engine(seed=top_k, vocab=32, drafter_seed=top_k)
+    drafter = engine.drafters[method]
+    features, tokens = torch.randn(6, 32), torch.randint(0, 32, (6,))
+    wide = TreeSettings(top_k=top_k, depth=5, total_tokens=64, mlptopk=3, pruning=3)
+    drafter.reset()
+    full = drafter.propose(features, tokens, wide)
+    for n in range(2, 9):
+        small = replace(wide, total_tokens=n)
+        assert small.drafted_depth == min(5, n - 2)
+        assert replace(small, fta=True).drafted_depth == 5, "FTA pads with deeper tokens: it keeps every step"
+        drafter.reset()
+        pool = drafter.propose(features, tokens, small)
+        assert max(pool.depths) == small.drafted_depth + 1
+        got, want = build_tree(int(tokens[-1]), pool, n), build_tree(int(tokens[-1]), full, n)
+        assert (got.tokens.tolist(), got.parents, got.sources) == (want.tokens.tolist(), want.parents, want.sources)
+
+
 def test_fta_fills_short_paths_with_the_most_travelled_node():
     tree = build_tree(7, hand_pool(), total_tokens=7)
     # nodes: 0 root, 1 a, 2 b, 3 c, 4 d, 5 f, 6 e ; paths: [0,2,5,-1] [0,1,4,-1] [0,1,3,6]

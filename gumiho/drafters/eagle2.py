@@ -1,8 +1,9 @@
 """EAGLE-2: a 1-layer feature-level draft grown into a dynamic tree.
 
-Layer 1 is the top-k of the draft's prediction at the root. Each of `depth` expansion steps feeds the k open
-nodes at one position (each sees its own ancestors), scores their k x k children by cumulative log-prob, puts all
-k^2 children in the pool and keeps the best k open. The rerank to `total_tokens` happens in `tree.build_tree`.
+Layer 1 is the top-k of the draft's prediction at the root. Each of `depth` expansion steps (fewer when the tree is
+too small to keep their nodes: `TreeSettings.drafted_depth`) feeds the k open nodes at one position (each sees its
+own ancestors), scores their k x k children by cumulative log-prob, puts all k^2 children in the pool and keeps the
+best k open. The rerank to `total_tokens` happens in `tree.build_tree`.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ class Eagle2Drafter(FeatureDrafter):
         open_feat = h.expand(k, -1)
         seen = torch.zeros(k, 0, dtype=torch.bool, device=dev)  # each open node's ancestors among expansion slots
         eye = torch.eye(k, dtype=torch.bool, device=dev)
-        for step in range(1, tree.depth + 1):
+        depth = tree.drafted_depth
+        for step in range(1, depth + 1):
             fused = self.transformer.fuse(self.embed(open_tok), open_feat)
             out = self.expand(fused, stable + step - 1, stable, torch.cat([seen, eye], 1))
             child_scores, child_ids = self.top_tokens(out, k)
             cumulative = (open_score[:, None] + child_scores).flatten()
             child_idx = pool.add(child_ids.flatten(), open_idx.repeat_interleave(k), cumulative, f"eagle-{step + 1}", step + 1)
-            if step == tree.depth:
+            if step == depth:
                 break
             best = torch.topk(cumulative, k).indices
             rows = best // k

@@ -4,7 +4,8 @@ Serial part: the top-k of the Transformer's prediction at the root (serial-1); t
 position and the best k of their k x k children are kept (serial-2). Parallel part: for each serial-2 node the
 heads read u = [fc(e(t1), h_root) ; fc(e(t2), h1)], the fused inputs of its own chain, and predict one feature per
 head. A beam over the heads' independent top-`mlptopk` lists keeps the best `pruning` nodes per depth; only kept
-nodes enter the pool.
+nodes enter the pool. A tree too small to keep deeper nodes stops early (`TreeSettings.drafted_depth`): after
+serial-1 for 2 tokens, after serial-2 for 3.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class GumihoDrafter(FeatureDrafter):
                               f"{self.config.mlp_heads} (depth at most {self.config.mlp_heads + 1})")
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
-        heads_used = tree.depth - 1
+        depth = tree.drafted_depth
         h = self.advance(features, tokens)
         stable, k, dev = self.cache.length, tree.top_k, tokens.device
         pool = DraftPool()
@@ -39,6 +40,8 @@ class GumihoDrafter(FeatureDrafter):
         scores1, tok1 = self.top_tokens(h[None], k)
         scores1, tok1 = scores1[0], tok1[0]
         idx1 = pool.add(tok1, torch.full((k,), -1, device=dev), scores1, "serial-1", 1)
+        if depth == 0:
+            return pool
 
         u1 = self.transformer.fuse(self.embed(tok1), h.expand(k, -1))
         if tree.serial_tree_mask:
@@ -52,6 +55,9 @@ class GumihoDrafter(FeatureDrafter):
         rows = best // k
         tok2, scores2 = tok2.flatten()[best], cumulative[best]
         idx2 = pool.add(tok2, idx1[rows], scores2, "serial-2", 2)
+        heads_used = depth - 1
+        if heads_used == 0:
+            return pool
 
         # The official code pairs serial-2 node r with serial-1 node r instead of its parent (docs/design.md §10.1).
         first = u1[rows] if tree.mlp_parent_align else u1
