@@ -50,6 +50,7 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
 DEPTH_CAPPED = ("eagle2", "gumiho")  # drafters that stop at the depth a small tree can keep
+SMALL_TOP_K = 4  # the widest first layer whose small trees' drafts are timed (small_sizes)
 REPEATS = 3
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -326,8 +327,10 @@ class DraftTimer:
 
 def small_sizes(method: str, top_k: int) -> tuple[int, ...]:
     """The profiled sizes (the choice's candidates) at which `method`'s drafter stops before the widest tree's depth:
-    each costs its own draft."""
-    if method not in DEPTH_CAPPED:
+    each costs its own draft. Only for top_k up to SMALL_TOP_K: a wider first layer never accepts more at these
+    sizes (the shipped drafters' statistics: within 0.05 tokens of top_k 4 up to 6 tokens) and costs more, so its
+    full draft's cost (an overestimate) leaves the choice unchanged, for a shorter profile."""
+    if method not in DEPTH_CAPPED or top_k > SMALL_TOP_K:
         return ()
     widest = widest_tree(method, top_k)
     return tuple(n for n in SIZES if 2 <= n < widest.total_tokens

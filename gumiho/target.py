@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from .errors import GumihoError
 from .gguf_blocks import q4_1_blocks
-from .int4 import CastMatrix, int4_available, quantize_linears
+from .int4 import CastMatrix, Int4Matrix, int4_available, quantize_linears
+from .drafters.layers import DraftTransformer, fuse_projections
 from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
@@ -257,6 +258,8 @@ class Target:
         a draft only has to rank tokens, never to match the target's logits). Returns it in eval mode."""
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
         if self.int4:
+            if isinstance(getattr(drafter, "transformer", None), DraftTransformer):
+                fuse_projections(drafter.transformer, Int4Matrix.quantize)
             quantize_linears(drafter)
             drafter.quantize_head()
         elif self.pack:

@@ -76,6 +76,31 @@ def test_greedy_speculation_equals_int4_ar_on_tiny_models():
     assert accepted > 20  # drafts were accepted, so the comparison covered multi-token cycles
 
 
+@pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
+def test_a_4bit_drafter_fuses_its_projections_and_drafts_as_before(kind):
+    """On the int4 path q/k/v and gate/up are one product each; 4-bit groups run along the input, so each row is
+    quantized as before and the draft is the same, bit for bit."""
+    from gumiho.drafters.layers import fuse_projections
+    from gumiho.int4 import quantize_linears
+
+    target = target_for(tiny_target(seed=4, vocab=16), ExecPath("int4", pack=False))
+    fused = target.prepare_drafter(random_drafter(kind, target, seed=4, scale=1.0))
+    assert all(layer.gate_up is not None and layer.self_attn.qkv is not None for layer in fused.transformer.layers)
+    separate = random_drafter(kind, target, seed=4, scale=1.0)
+    separate.attach(target.embed_weight, target.head_weight, pack=False)
+    quantize_linears(separate)
+    separate.quantize_head()
+    assert all(layer.gate_up is None for layer in separate.transformer.layers)
+    features, tokens = torch.randn(5, target.hidden_size), torch.randint(0, 16, (5,))
+    tree = TreeSettings(top_k=3, depth=4, total_tokens=12, mlptopk=3, pruning=3)
+    pools = []
+    for drafter in (fused, separate):
+        drafter.reset()
+        pools.append(drafter.propose(features, tokens, tree))
+    for name in ("tokens", "parents", "scores"):
+        assert all(torch.equal(a, b) for a, b in zip(getattr(pools[0], name), getattr(pools[1], name))), name
+
+
 def test_every_dtype_and_int4_are_candidates_on_any_cpu(monkeypatch):
     from gumiho import profile as prof
 

@@ -18,7 +18,7 @@ import pytest
 
 from gumiho.__main__ import main
 from app.figures import run_name
-from gumiho.page import group_by_prompt, read_traces, write_page, write_zip
+from gumiho.page import group_by_prompt, read_traces, trace_paths, write_page, write_zip
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*/*.json"))  # a folder per prompt, a file per method
@@ -31,10 +31,11 @@ FILES = {"index.html", "page.js", "plotly.min.js", "README.md"}
 
 @pytest.fixture(scope="module")
 def examples_page(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, float]:
-    """Every recorded example through the real command line: (folder, the finished process, seconds)."""
+    """Every recorded example through the real command line, as the issue words it (`page assets/traces/*.json`,
+    the pattern matched by the command): (folder, the finished process, seconds)."""
     out = tmp_path_factory.mktemp("page") / "site"
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "gumiho", "page", *map(str, EXAMPLES), "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "gumiho", "page", "assets/traces/*.json", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     return out, done, time.perf_counter() - start
 
@@ -138,7 +139,8 @@ def test_runs_of_different_prompts_still_render_with_a_note(tmp_path, capsys):
 
 @pytest.mark.parametrize("make,message", [
     (lambda d: d / "missing.json", r"missing\.json: cannot read the file: No such file or directory"),
-    (lambda d: d, r"cannot read the file: Is a directory"),
+    (lambda d: d, r"no trace files \(\*\.json\) in this folder"),
+    (lambda d: d / "*.trace", r"no file matches .*\*\.trace"),
     (lambda d: write(d / "notes.json", "just some notes"), r"notes\.json: not valid JSON"),
     (lambda d: write(d / "other.json", '{"schema": 2, "method": "beam"}'), r"other\.json: unknown method 'beam'"),
     (lambda d: write(d / "list.json", "[1, 2]"), r"list\.json: a trace must be a JSON object"),
@@ -153,6 +155,15 @@ def test_a_file_that_is_not_a_trace_is_one_line_and_status_2(tmp_path, capsys, m
 def write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def test_a_folder_or_an_unexpanded_pattern_names_the_runs_below_it(tmp_path, capsys):
+    examples = sorted(str(p) for p in (ROOT / "assets" / "traces").rglob("*.json"))
+    assert trace_paths([str(ROOT / "assets" / "traces")]) == examples
+    assert trace_paths([str(ROOT / "assets" / "traces" / "*.json")]) == examples, "the issue's own command"
+    assert trace_paths([str(HAIKU / "*.json")]) == sorted(str(p) for p in HAIKU.glob("*.json"))
+    code, err = cli(capsys, str(ROOT / "assets" / "traces" / "*.json"), "--out", str(tmp_path / "site"))
+    assert code == 0 and f"{len(examples)} runs" in err
 
 
 def test_no_trace_at_all_is_a_usage_error(tmp_path, capsys):

@@ -7,6 +7,8 @@ borrowed from transformers so that the draft KV cache and the tree masks stay fu
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,12 +82,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.qkv: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by fuse_projections
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.kv_heads * self.head_dim
+        return self.qkv(x).split([self.heads * self.head_dim, kv, kv], -1)
 
     def forward(self, x, cos_sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
+        q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, *cos_sin), rotate(k, *cos_sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)
@@ -107,12 +117,17 @@ class DecoderLayer(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.index = index
+        self.gate_up: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by fuse_projections
 
     def forward(self, x, cos_sin, mask, cache: KVCache | None) -> torch.Tensor:
         h = self.input_layernorm(x) if self.input_layernorm is not None else x
         x = x + self.self_attn(h, cos_sin, mask, cache, self.index)
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        if self.gate_up is None:
+            gate, up = self.gate_proj(h), self.up_proj(h)
+        else:
+            gate, up = self.gate_up(h).chunk(2, -1)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 class DraftTransformer(nn.Module):
@@ -140,6 +155,19 @@ class DraftTransformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos_sin, mask, cache)
         return x
+
+
+def fuse_projections(transformer: DraftTransformer,
+                     matrix: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
+    """For an inference copy: each layer's q, k and v projections, and its gate and up projections, become one
+    product each (`matrix(stacked weight)`, e.g. `Int4Matrix.quantize`), as in the target's lean forward. On a CPU a
+    draft step's products are small and their per-call cost counts: a Gumiho draft call makes 6 fewer calls per
+    pass. The separate projections stay (the files are unchanged) but are no longer read, nor kept in step with
+    training."""
+    for layer in transformer.layers:
+        attn = layer.self_attn
+        attn.qkv = matrix(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach())
+        layer.gate_up = matrix(torch.cat([layer.gate_proj.weight, layer.up_proj.weight]).detach())
 
 
 class ParallelHeads(nn.Module):

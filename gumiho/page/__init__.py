@@ -10,8 +10,10 @@ Runs are grouped by prompt: each prompt's runs race against each other, never ag
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,27 @@ class Page:
 
 def count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
+def trace_paths(args: list[str]) -> list[str]:
+    """The trace files the arguments name. A folder stands for every .json under it; a pattern that the shell
+    passed on unexpanded (nothing matched it there, as `assets/traces/*.json` when the runs lie one folder deeper)
+    is matched here, in that folder and below. Any other name is kept (`read_traces` says if it is missing)."""
+    out: list[str] = []
+    for arg in args:
+        if Path(arg).is_dir():
+            found = sorted(str(p) for p in Path(arg).rglob("*.json"))
+            if not found:
+                raise GumihoError(f"{arg}: no trace files (*.json) in this folder")
+        elif glob.has_magic(arg):
+            folder, name = os.path.split(arg)
+            found = sorted(glob.glob(arg)) or sorted(glob.glob(os.path.join(folder, "**", name), recursive=True))
+            if not found:
+                raise GumihoError(f"no file matches {arg}")
+        else:
+            found = [arg]
+        out += found
+    return out
 
 
 def read_traces(paths: list[str]) -> list[GenerationTrace]:
