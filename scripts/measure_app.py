@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--no-cli", action="store_true", help="bytes and the app's race only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    (ROOT / "artifacts").mkdir(exist_ok=True)
     process, url = start_app(args.app_dir, ROOT / "artifacts" / "measure-app.log")
     try:
         result = {"app_dir": str(args.app_dir), "tokens": args.tokens, "bytes": received_bytes(url, args.tokens)}
