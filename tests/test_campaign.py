@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gumiho.bench.machine import campaign_paused
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,40 +20,38 @@ def state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
 
 
-def test_a_benchmark_stops_the_campaigns_process_group_and_lets_it_go_on(tmp_path):
+@pytest.fixture
+def campaign(tmp_path):
+    """A stand-in campaign in its own process group, its pid file in tmp_path: (worker, pid file)."""
     worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"],
                               start_new_session=True)
-    try:
-        pid_file = tmp_path / "campaign.pid"
-        pid_file.write_text(f"{os.getpgid(worker.pid)}\n")
-        with campaign_paused(pid_file) as paused:
-            time.sleep(0.2)
-            assert paused and state(worker.pid) == "T"
+    pid_file = tmp_path / "campaign.pid"
+    pid_file.write_text(f"{os.getpgid(worker.pid)}\n")
+    yield worker, pid_file
+    worker.kill()
+    worker.wait()
+
+
+def test_a_benchmark_stops_the_campaigns_process_group_and_lets_it_go_on(campaign):
+    worker, pid_file = campaign
+    with campaign_paused(pid_file) as paused:
         time.sleep(0.2)
-        assert state(worker.pid) != "T"
-    finally:
-        worker.kill()
-        worker.wait()
+        assert paused and state(worker.pid) == "T"
+    time.sleep(0.2)
+    assert state(worker.pid) != "T"
 
 
-def test_overlapping_holders_continue_the_campaign_only_when_the_last_one_ends(tmp_path):
+def test_overlapping_holders_continue_the_campaign_only_when_the_last_one_ends(campaign, tmp_path):
     """A benchmark (campaign_paused) and a command under scripts/campaign_hold.sh, one inside the other's time."""
-    worker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"],
-                              start_new_session=True)
-    try:
-        pid_file = tmp_path / "campaign.pid"
-        pid_file.write_text(f"{os.getpgid(worker.pid)}\n")
-        with campaign_paused(pid_file) as paused:
-            held = subprocess.run(["bash", str(ROOT / "scripts" / "campaign_hold.sh"), "true"],
-                                  env={**os.environ, "RUNS": str(tmp_path)}, capture_output=True, text=True)
-            assert held.returncode == 0 and "paused" in held.stderr and "goes on" not in held.stderr
-            time.sleep(0.2)
-            assert paused and state(worker.pid) == "T"  # the benchmark still measures
+    worker, pid_file = campaign
+    with campaign_paused(pid_file) as paused:
+        held = subprocess.run(["bash", str(ROOT / "scripts" / "campaign_hold.sh"), "true"],
+                              env={**os.environ, "RUNS": str(tmp_path)}, capture_output=True, text=True)
+        assert held.returncode == 0 and "paused" in held.stderr and "goes on" not in held.stderr
         time.sleep(0.2)
-        assert state(worker.pid) != "T"
-    finally:
-        worker.kill()
-        worker.wait()
+        assert paused and state(worker.pid) == "T"  # the benchmark still measures
+    time.sleep(0.2)
+    assert state(worker.pid) != "T"
 
 
 def test_no_campaign_or_a_stale_file_changes_nothing(tmp_path):
