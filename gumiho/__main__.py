@@ -10,7 +10,8 @@ import os
 import sys
 from dataclasses import replace
 
-from .cli import OneLineParser, positive, add_device_arguments, add_tree_arguments, quiet_libraries, run_reporting_errors, tree_overrides
+from .cli import (OneLineParser, add_device_arguments, add_tree_arguments, positive, quiet_libraries,
+                  run_reporting_errors, tree_overrides)
 from .errors import GumihoError
 from .prompts import read_prompts
 from .trace import DRAFTED_METHODS, METHODS, WEIGHT_FREE_METHODS

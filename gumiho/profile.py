@@ -400,12 +400,13 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     warm = [[{} for _ in KV_LENGTHS] for _ in paths]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
     draft_ms = [{m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for _ in paths]
-    small_ms = [{m: {k: {n: [] for n in small_sizes(m, k)} for k in method_top_ks(m, top_ks) if small_sizes(m, k)}
-                 for m in drafters if m in DEPTH_CAPPED} for _ in paths]
+    small = {m: {k: sizes for k in method_top_ks(m, top_ks) if (sizes := small_sizes(m, k))} for m in drafters}
+    small_ms = [{m: {k: {n: [] for n in sizes} for k, sizes in per.items()} for m, per in small.items() if per}
+                for _ in paths]
     jobs = [(i, j, n) for i in range(len(paths)) for j in range(len(KV_LENGTHS)) for n in SIZES]
     jobs += [(i, m, (k, None)) for i in range(len(paths)) for m in sorted(drafters) for k in method_top_ks(m, top_ks)]
     jobs += [(i, m, (k, n)) for i in range(len(paths)) for m in sorted(small_ms[i]) for k in small_ms[i][m]
-             for n in small_sizes(m, k)]
+             for n in small[m][k]]
     start = time.perf_counter()
     with tqdm(total=(repeats + 1) * len(jobs), desc="machine profile", disable=not progress, leave=False) as bar:
         for r in range(repeats + 1):
