@@ -1,6 +1,6 @@
 """The engine behind the page: background loading, settings -> engine configs, streaming runs, Stop per visitor.
 
-transformers (through `gumiho.engine`) is imported in the loader thread, so the page, with its shipped example
+transformers (through `gumiho.engine`) is imported on the engine thread (`engine_thread`), so the page, with its shipped example
 traces, is served before the model has loaded.
 """
 
@@ -24,6 +24,7 @@ from gumiho.trace import METHODS, WEIGHT_FREE_METHODS, GenerationTrace
 from gumiho.static_tree import STATIC_METHODS, capped_total
 from gumiho.tree import TreeSettings
 
+from .engine_thread import ENGINE_THREAD
 from .style import method_name
 from .validate import Limits, prompt_tokens
 
@@ -43,7 +44,6 @@ TREE_FIELDS_USED = {"gumiho": ("top_k", "depth", "total_tokens", "mlptopk", "pru
                     **{m: ("depth", "total_tokens") for m in ("eagle1", "medusa", "hydra")},
                     "mjsd": ("top_k", "depth", "tau_acc"),  # beams, chain length, threshold
                     **{m: ("top_k", "depth", "total_tokens") for m in WEIGHT_FREE_METHODS}}  # lookup: top_k matches
-ENGINE_LOCK = threading.Lock()  # held by the thread of the run using the engine
 NO_GPU = ("ZeroGPU is switched on (SPACES_ZERO_GPU) but this machine has no GPU: pick ZeroGPU hardware in the "
           "Space's settings, or unset SPACES_ZERO_GPU to run on the CPU")
 
@@ -175,7 +175,7 @@ class EngineLoader:
         self.load_s = 0.0
 
     def start(self) -> EngineLoader:
-        threading.Thread(target=self.load, name="engine-loader", daemon=True).start()
+        ENGINE_THREAD.submit(self.load)  # the thread that runs it: see engine_thread
         return self
 
     def _report(self, phase: str) -> None:
@@ -388,10 +388,11 @@ def race(engine: Engine, prompt: str, configs: dict[str, GenerationConfig], cont
 
 
 def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iterator[T]:
-    """Iterate `items` (an engine run) in a thread of its own and yield the newest item at most every `every_s`
-    seconds, then the last one. The run never waits for the page to be drawn.
+    """Iterate `items` (an engine run) on the engine thread and yield the newest item at most every `every_s`
+    seconds, then the last one. The run never waits for the page to be drawn, and runs one at a time (the drafters
+    keep KV state of their own).
     If the consumer goes away (a closed tab), `stop()` ends the run after its current cycle. Nothing waits for
-    that here (Gradio closes this generator on its event loop): the next run's thread waits for the engine lock."""
+    that here (Gradio closes this generator on its event loop): the next run waits in the engine thread's queue."""
     latest: list[T] = []
     made = 0
     errors: list[BaseException] = []
@@ -400,17 +401,15 @@ def follow(items: Iterable[T], every_s: float, stop: Callable[[], None]) -> Iter
     def produce() -> None:
         nonlocal made
         try:
-            with ENGINE_LOCK:  # one run at a time: the drafters keep KV state of their own
-                for item in items:
-                    latest[:] = [item]
-                    made += 1
+            for item in items:
+                latest[:] = [item]
+                made += 1
         except BaseException as exc:  # handed to the consumer below
             errors.append(exc)
         finally:
             done.set()
 
-    worker = threading.Thread(target=produce, name="engine-run", daemon=True)
-    worker.start()
+    ENGINE_THREAD.submit(produce)
     shown = 0
     try:
         while not done.wait(every_s):

@@ -15,7 +15,8 @@ from app.bench import acceptance_rows, read_runs, task_rows
 from app.examples import load_examples
 from app.lesson import lesson_parts
 from app.handlers import STOPPED_IN_QUEUE, ExploreParts, Handlers, RaceParts
-from app.service import RunSettings, Sessions, race_order, race_settings, save_traces, follow
+from app.engine_thread import ENGINE_THREAD, EngineThread
+from app.service import EngineLoader, RunSettings, Sessions, follow, race_order, race_settings, save_traces
 from app.palette import source_color, tint
 from app.style import source_name, token_label
 from app.theory import Chain
@@ -461,6 +462,34 @@ def test_follow_stops_the_run_when_the_page_goes_away():
     assert next(items) == 1
     items.close()  # Gradio closes the generator when the visitor leaves
     assert stopped.is_set()
+
+
+def test_the_model_loads_and_every_run_goes_on_one_long_lived_thread():
+    """One thread for all torch work keeps one OpenMP team (app/engine_thread.py: a second one slows every kernel)."""
+    def thread_of():
+        yield threading.get_ident()
+
+    loaded_on = []
+    EngineLoader(lambda report: loaded_on.append(threading.get_ident())).start().wait(60)
+    runs = [list(follow(thread_of(), 0.001, lambda: None))[-1] for _ in range(3)]
+    assert len({*loaded_on, *runs}) == 1
+    assert runs[0] != threading.get_ident() and runs[0] == ENGINE_THREAD.ident
+
+
+def test_a_forked_process_starts_an_engine_thread_of_its_own():
+    thread = EngineThread("test-engine")
+    done = threading.Event()
+    thread.submit(done.set)
+    assert done.wait(60)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its parent's thread is gone; a job must still run
+        ran = threading.Event()
+        thread.submit(ran.set)
+        os.write(write, b"1" if ran.wait(30) else b"0")
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 1) == b"1"
 
 
 def test_sessions_stop_only_their_own_run():
