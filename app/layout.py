@@ -307,7 +307,7 @@ def _lesson(examples: list[Example]) -> None:
         elif figure == "walkthrough" and (picked := lesson_cycle("gumiho", showcase, examples)):
             gr.Markdown(walkthrough(*picked))
         elif figure == "timing":
-            gr.Plot(figures.race_timing_figure(list(showcase.traces)), show_label=False)
+            gr.Plot(figures.race_timing_figure(list(examples[0].traces)), show_label=False)  # automatic trees
 
 
 def launch(demo: gr.Blocks, host: str | None = None, port: int | None = None, share: bool = False,

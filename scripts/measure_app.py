@@ -3,7 +3,9 @@ and a race's tokens/s in the app against the same runs through the CLI (issue #2
 
     .venv/bin/python scripts/measure_app.py [--app-dir DIR] [--tokens 128] [--out results.json]
 
-`--app-dir` serves another checkout's app.py (e.g. a worktree of an older commit, for a before/after) with this
+The app's race and the CLI's runs alternate for `--rounds` rounds (the app idle while the CLI runs) and their
+medians are compared: on a shared machine the speed drifts by a quarter over minutes, so one run of each is not a
+comparison. `--app-dir` serves another checkout's app.py (e.g. a worktree of an older commit, for a before/after) with this
 environment. The browser runs on the same machine, as in a classroom demo on one laptop. Pause other work first
 (bash scripts/campaign_hold.sh ...): on 2 cores a background job skews every timing.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -119,25 +122,37 @@ def main() -> None:
     parser.add_argument("--app-dir", type=Path, default=ROOT)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--methods", nargs="+", default=["eagle2", "gumiho"])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="app races and CLI runs, interleaved (this machine's speed drifts over minutes)")
     parser.add_argument("--no-cli", action="store_true", help="bytes and the app's race only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     (ROOT / "artifacts").mkdir(exist_ok=True)
     process, url = start_app(args.app_dir, ROOT / "artifacts" / "measure-app.log")
+    app_rounds, cli_rounds = [], []
     try:
         result = {"app_dir": str(args.app_dir), "tokens": args.tokens, "bytes": received_bytes(url, args.tokens)}
-        result["app_tokens_per_s"], result["tree"] = app_race(url, args.methods, args.tokens)
+        for _ in range(args.rounds):
+            rates, result["tree"] = app_race(url, args.methods, args.tokens)
+            app_rounds.append(rates)
+            if not args.no_cli:  # the app sits idle meanwhile
+                cli_rounds.append(cli_rates([*args.methods, "ar"], args.tokens))
     finally:
         process.terminate()
         process.wait(timeout=30)
-    if not args.no_cli:
-        result["cli_tokens_per_s"] = cli_rates([*args.methods, "ar"], args.tokens)
+    result["app_rounds"], result["app_tokens_per_s"] = app_rounds, medians(app_rounds)
+    if cli_rounds:
+        result["cli_rounds"], result["cli_tokens_per_s"] = cli_rounds, medians(cli_rounds)
         result["app_over_cli"] = {m: round(result["app_tokens_per_s"][m] / r, 3)
                                   for m, r in result["cli_tokens_per_s"].items() if m in result["app_tokens_per_s"]}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
         args.out.write_text(text)
+
+
+def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {m: statistics.median(r[m] for r in rounds) for m in rounds[0]}
 
 
 if __name__ == "__main__":
