@@ -222,7 +222,7 @@ class Run:
 
         cache = target.new_cache()
         prompt = torch.tensor(self.prompt_ids, device=device)
-        features = target.features(prompt, cache)
+        features = target.features(prompt, cache, prefill=True)
         root = pick(target.logits(features[-1]), self.sampling, generator)
         output, (_, reason) = [root], self._cut([root], 0)
         trace.first_token = root

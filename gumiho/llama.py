@@ -12,7 +12,10 @@ so no key or value is ever repeated in memory.
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,6 +27,7 @@ from .int4 import Int4Matrix
 from .packed import PackedMatrix
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+PREFILL_ROWS = 64  # on the int4 path a prompt this long may take the float weights (LeanLlama._float_prefill_pays)
 
 
 class StaticCache:
@@ -119,17 +123,32 @@ class LeanLlama:
         self.inv_freq = rotary.inv_freq.float().to(self.device)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         with torch.inference_mode(False):  # the fused weights must stay usable outside inference mode
-            self.layers = [self._layer(f"model.layers.{i}", layer) for i, layer in enumerate(decoder.layers)]
+            self.layers = [self._layer(f"model.layers.{i}", layer, self._fused) for i, layer in enumerate(decoder.layers)]
+            self.prefill_layers: list[_Layer] | None = None
+            if int4 is not None:
+                self.prefill_layers = [self._layer(f"model.layers.{i}", layer, self._float_for_prefill)
+                                       for i, layer in enumerate(decoder.layers)]
+                if not self._float_prefill_pays():
+                    self.prefill_layers = None
         self._cos = self._sin = torch.empty(0)
 
     def _fused(self, names: list[str], *linears) -> Matrix:
-        """One matrix for several projections that read the same input. The projections' weights become views
-        into it, so the transformers model keeps working and no weight is stored twice."""
+        """One matrix for several projections that read the same input: 4-bit on the int4 path, else float."""
         if self.int4 is not None:
             return self._int4(names, linears)
+        return self._float(linears, self.pack)
+
+    def _float_for_prefill(self, names: list[str], *linears) -> PackedMatrix:
+        """The int4 path's prefill matrices: the model's float weights, multiplied by MKL unpacked."""
+        return self._float(linears, pack=False)
+
+    @staticmethod
+    def _float(linears, pack: bool) -> PackedMatrix:
+        """The projections' float weights stacked. The projections' weights become views into the stack, so the
+        transformers model keeps working and no weight is stored twice."""
         if len(linears) == 1:
             lin = linears[0]
-            return PackedMatrix(lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), self.pack)
+            return PackedMatrix(lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), pack)
         weight = torch.cat([lin.weight.detach() for lin in linears])
         bias = None
         if any(lin.bias is not None for lin in linears):
@@ -142,7 +161,7 @@ class LeanLlama:
             if lin.bias is not None:
                 lin.bias.data = bias[rows]
             start += lin.out_features
-        return PackedMatrix(weight, bias, self.pack)
+        return PackedMatrix(weight, bias, pack)
 
     def _int4(self, names: list[str], linears) -> Int4Matrix:
         """The projections stacked (rows) as one 4-bit matrix: from the GGUF blocks when all of them are there."""
@@ -154,11 +173,11 @@ class LeanLlama:
             return Int4Matrix.from_q4_1(np.concatenate([self.int4[name] for name in names]), bias)
         return Int4Matrix.quantize(torch.cat([lin.weight.detach() for lin in linears]), bias)
 
-    def _layer(self, prefix: str, layer) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
+    def _layer(self, prefix: str, layer, matrix: Callable[..., Matrix]) -> _Layer:
+        """The layer's weights; `matrix(names, *linears)` stacks projections that read the same input."""
 
         def fused(*modules: str) -> Matrix:
-            return self._fused([f"{prefix}.{m}" for m in modules], *(layer.get_submodule(m) for m in modules))
+            return matrix([f"{prefix}.{m}" for m in modules], *(layer.get_submodule(m) for m in modules))
 
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach(),
@@ -168,6 +187,26 @@ class LeanLlama:
             gate_up=fused("mlp.gate_proj", "mlp.up_proj"),
             down=fused("mlp.down_proj"),
         )
+
+    def _float_prefill_pays(self) -> bool:
+        """Whether a layer's products over PREFILL_ROWS rows are faster through the float weights than the 4-bit
+        ones on this machine (medians of 5). On a 2-core AVX2 EPYC they take half the time at 64 rows and 0.4x at
+        256 (the 4-bit kernel is made for a few rows), while one row costs a third; a CPU whose 4-bit kernel is
+        fast for many rows keeps it."""
+        hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
+
+        def median_s(layer: _Layer) -> float:
+            x, y = torch.randn(PREFILL_ROWS, hidden), torch.randn(PREFILL_ROWS, inner)
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
+
+        with torch.inference_mode():
+            median_s(self.layers[0]), median_s(self.prefill_layers[0])  # first calls pay one-time costs
+            return median_s(self.prefill_layers[0]) < median_s(self.layers[0])
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
@@ -188,16 +227,22 @@ class LeanLlama:
         return self._cos[positions], self._sin[positions]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
         """Post-norm last-layer features [n, hidden] for `tokens` [n] at `positions` [n]; their KV go to `cache`.
 
         `mask` [n, past + n] bool (True = attend) for a tree; None means causal. A batch of sequences (one cache
         row each) passes tokens and positions [batch, n], a mask [batch, n, past + n] or None, and gets
-        [batch, n, hidden].
+        [batch, n, hidden]. `prefill`: a prompt's tokens, which on the int4 path (from PREFILL_ROWS of them, where
+        measured faster) go through the float weights; a decode step or a tree never does, so that every
+        verified row is computed as a one-token step would be.
         """
         if tokens.dim() == 1:
-            return self.forward(tokens[None], positions[None], cache, None if mask is None else mask[None])[0]
+            return self.forward(tokens[None], positions[None], cache, None if mask is None else mask[None],
+                                prefill)[0]
         b, n = tokens.shape
+        layers = self.layers
+        if prefill and self.prefill_layers is not None and n >= PREFILL_ROWS:
+            layers = self.prefill_layers
         past = cache.length
         cache.reserve(past + n)
         total = past + n
@@ -209,7 +254,7 @@ class LeanLlama:
         # Query rows ordered (group member, token) under each KV head; the mask repeats per group member.
         attn_mask = None if mask is None else mask.repeat(1, g, 1)[:, None]
         x = F.embedding(tokens, self.embed)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm)).view(b, n, h + 2 * kvh, d)
             qk = qkv[:, :, : h + kvh]
             half = d // 2

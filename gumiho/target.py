@@ -153,7 +153,8 @@ class Target:
     `forward` picks how the decoder runs: "lean" (`llama.LeanLlama`, a pre-allocated KV cache; Llama-family models
     only) or "transformers" (the model's own forward, the reference). `pack`: oneDNN-packed fp32 matmuls on CPU.
     `int4`: the lean forward with 4-bit weights (int4.py; the default model's own GGUF blocks), CPU only; the
-    lm_head then runs in fp16, `dtype` (fp32) is that of everything else, and `pack` applies to the drafters.
+    lm_head then runs in fp16, `dtype` (fp32) is that of everything else, and `pack` applies to the drafters. A
+    long prompt's prefill takes the float weights where that is measured faster (`LeanLlama.prefill_layers`).
     """
 
     model: PreTrainedModel
@@ -232,17 +233,19 @@ class Target:
         cache: StaticCache | DynamicCache,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        prefill: bool = False,
     ) -> torch.Tensor:
         """Post-norm last-layer hidden states [T, H] for a 1-D run of new tokens, appending their KV to `cache`.
 
         `attention_mask` is a boolean [1, 1, T, past+T] mask (True = attend) for tree verification; None means causal.
+        `prefill`: the run's prompt, which the int4 path may multiply by the float weights (`LeanLlama.forward`).
         """
         past = cache.get_seq_length()
         if position_ids is None:
             position_ids = torch.arange(past, past + input_ids.shape[0], device=self.device)
         if self._lean is not None:
             mask = None if attention_mask is None else attention_mask[0, 0]
-            return self._lean.forward(input_ids, position_ids, cache, mask)
+            return self._lean.forward(input_ids, position_ids, cache, mask, prefill)
         out = self.model.model(
             input_ids=input_ids[None],
             position_ids=position_ids[None],

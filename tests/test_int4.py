@@ -9,6 +9,7 @@ import torch
 
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
+from gumiho.llama import PREFILL_ROWS, LeanLlama
 from gumiho.profile import ExecPath, candidate_paths, target_for
 from gumiho.tree import TreeSettings
 
@@ -74,6 +75,35 @@ def test_greedy_speculation_equals_int4_ar_on_tiny_models():
             assert run.token_ids == ar.token_ids, (seed, method)
             accepted += sum(s.accept_length for s in run.steps)
     assert accepted > 20  # drafts were accepted, so the comparison covered multi-token cycles
+
+
+def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_follows_ar(monkeypatch):
+    """Where the machine measures float products faster for many rows, the prompt takes them: its features are
+    those of the model's float weights (close to, not equal to, the 4-bit ones), and since AR and speculation share
+    the prefill, greedy speculation still equals this path's AR."""
+    monkeypatch.setattr(LeanLlama, "_float_prefill_pays", lambda self: True)
+    engine = tiny_int4_engine(3)
+    target = engine.target
+    assert target.lean.prefill_layers is not None
+    ids = torch.randint(0, 16, (PREFILL_ROWS + 16,), generator=torch.Generator().manual_seed(3))
+    as_prefill = target.features(ids, target.new_cache(), prefill=True)
+    as_tree = target.features(ids, target.new_cache())
+    fp32 = target_for(engine.target, ExecPath("float32", pack=False)).features(ids, target.new_cache())
+    assert not torch.equal(as_prefill, as_tree)
+    assert (as_prefill - fp32).abs().max() < 1e-4 < (as_tree - fp32).abs().max()
+    short = ids[: PREFILL_ROWS - 1]  # a short prompt stays on the 4-bit products
+    assert torch.equal(target.features(short, target.new_cache(), prefill=True),
+                       target.features(short, target.new_cache()))
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids.tolist())
+    for method, tree in {"eagle2": TreeSettings(top_k=4, depth=5, total_tokens=24),
+                         "gumiho": TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)}.items():
+        run = engine.generate("", method, GenerationConfig(max_new_tokens=30, tree=tree), prompt_ids=ids.tolist())
+        assert run.token_ids == ar.token_ids, method
+
+
+def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
+    monkeypatch.setattr(LeanLlama, "_float_prefill_pays", lambda self: False)
+    assert tiny_int4_engine(0).target.lean.prefill_layers is None
 
 
 @pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
