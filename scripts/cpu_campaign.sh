@@ -9,8 +9,9 @@
 # long prompts with documents up to MAX_PROMPT_LEN tokens; shards resume, manifest with sha256); (2) fine-tune both
 # drafters from the best so far, on the same data for the same steps, checkpointing every few minutes (a stopped
 # run resumes from its last checkpoint); (3) held-out chain accuracy and tau on MT-Bench's first 20 at the 12-token
-# tree, the new drafter and the best so far in the same run; (4) a drafter that beats the best is shipped to
-# assets/drafters (fp16, model card, acceptance statistics recalibrated); the next round starts from it.
+# tree, the new drafter and the best so far in the same run; (4) a drafter that beats the best on both (a higher tau
+# and a held-out depth-1 accuracy at least as high) is shipped to assets/drafters (fp16, model card with the
+# cumulative tokens seen and its evaluation, acceptance statistics recalibrated); the next round starts from it.
 #
 # It holds a lock (a second campaign says so and exits 2), runs under nice, and writes its process group to
 # $RUNS/campaign.pid, which `python -m gumiho bench` stops while it measures and continues afterwards (on 2 cores
@@ -46,6 +47,7 @@ renice -n 19 -p $$ > /dev/null
 log() { echo "[campaign $(date -u +%FT%TZ)] $*"; }
 steps_every=$(( CHECKPOINT_MINUTES * 60 / 5 ))  # about 5 s a step at 4,096 tokens on 2 fp32 cores
 tau() { $PY -c "import json, sys; print(next(iter(json.load(open(sys.argv[1]))['tau'].values()))['tau_mean'])" "$1"; }
+chain1() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['chain_accuracy'][0])" "$1"; }
 
 $PY -c "from gumiho.target import ensure_default_model; ensure_default_model()"
 for round in $(seq 1 "$ROUNDS"); do
@@ -70,9 +72,12 @@ for round in $(seq 1 "$ROUNDS"); do
                 --threads "$THREADS" --out "$run/eval-$which.json"
         done
         new=$(tau "$run/eval-new.json"); old=$(tau "$run/eval-shipped.json")
-        log "round $round: $drafter tau on MT-Bench 20: new $new, shipped $old"
-        if $PY -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" "$new" "$old"; then
-            $PY -m gumiho.train ship --run "$run" --dest "$shipped"
+        new1=$(chain1 "$run/eval-new.json"); old1=$(chain1 "$run/eval-shipped.json")
+        log "round $round: $drafter tau on MT-Bench 20: new $new, shipped $old; held-out depth-1 accuracy: new $new1, shipped $old1"
+        # Shipped only when it beats the shipped drafter on both: tau on 20 prompts alone moves by noise.
+        if $PY -c "import sys; a = [float(x) for x in sys.argv[1:]]; sys.exit(0 if a[0] > a[1] and a[2] >= a[3] else 1)" \
+                "$new" "$old" "$new1" "$old1"; then
+            $PY -m gumiho.train ship --run "$run" --dest "$shipped" --eval "$run/eval-new.json"
             $PY -m gumiho calibrate --method "$drafter" --threads "$THREADS"
             log "round $round: shipped the new $drafter drafter"
         fi

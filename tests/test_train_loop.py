@@ -208,7 +208,15 @@ def test_fine_tune_from_a_drafter_with_unrolled_steps(corpus, tmp_path):
     start, tuned = Drafter.from_pretrained(first / "drafter"), Drafter.from_pretrained(run / "drafter")
     assert torch.equal(start.draft_vocab, tuned.draft_vocab)
     assert not torch.equal(start.transformer.fc.weight, tuned.transformer.fc.weight)
-    assert "Training-time test: 2 draft steps" in ship(run, tmp_path / "shipped").joinpath("README.md").read_text()
+    card = ship(run, tmp_path / "shipped").joinpath("README.md").read_text()
+    assert "Training-time test: 2 draft steps" in card
+    first_tokens = json.loads((first / "train.json").read_text())["tokens_seen"]  # no card in a run folder
+    assert "Cumulative tokens seen (this run and the drafters it started from): unknown" in card
+    ship(first, tmp_path / "lineage")  # the initial drafter shipped, then fine-tuned from and shipped over itself
+    again = train(_config("gumiho", data, tmp_path / "e", epochs=1, init=str(tmp_path / "lineage")), target)
+    card = ship(again, tmp_path / "lineage").joinpath("README.md").read_text()
+    total = first_tokens + json.loads((again / "train.json").read_text())["tokens_seen"]
+    assert f"Cumulative tokens seen (this run and the drafters it started from): {total:,} ({first_tokens:,} " in card
     with pytest.raises(GumihoError, match="is a gumiho drafter"):
         train(_config("eagle2", data, tmp_path / "c", init=str(first / "drafter")), target)
     with pytest.raises(GumihoError, match="unroll"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -26,7 +27,18 @@ def loss_line(c: dict, kind: str) -> str:
             f"clip-norm {c['clip_norm']}, noise {c['noise']}, seed {c['seed']}.")
 
 
-def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
+def tokens_seen_by(folder: str | Path) -> int | None:
+    """The tokens a shipped drafter has seen in all (its model card's cumulative count, else its run's count)."""
+    card = Path(folder) / "README.md"
+    if not card.is_file():
+        return None
+    text = card.read_text(encoding="utf-8")
+    found = re.search(r"Cumulative tokens seen[^:]*: ([\d,]+)", text) or re.search(r"Tokens seen: ([\d,]+)", text)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+def model_card(summary: dict, evaluation: dict | None, kind: str, earlier_tokens: int | None = None) -> str:
+    """`earlier_tokens`: what the initial drafter (`--init`) had seen, for the cumulative count."""
     c = summary["config"]
     final = summary.get("final", {})
     lines = [
@@ -43,7 +55,11 @@ def model_card(summary: dict, evaluation: dict | None, kind: str) -> str:
         f"steps: {summary['steps']}; "
         f"wall time: {summary['wall_time_s'] / 60:.1f} min on {summary['device']}.",
         *([f"- Started from the drafter in `{c['init']}` (its draft vocabulary kept); the figures below cover this run "
-            "only."] if c.get("init") else []),
+            "only.",
+           f"- Cumulative tokens seen (this run and the drafters it started from): "
+           + (f"{earlier_tokens + summary['tokens_seen']:,} ({earlier_tokens:,} before this run)."
+              if earlier_tokens is not None else "unknown (the initial drafter's card gives no count).")]
+          if c.get("init") else []),
         *([f"- Residual blocks per head: {c['blocks']}"
            + (" (blocks the initial drafter lacked started as the identity)." if c.get("init") else ".")]
           if c.get("blocks") else []),
@@ -88,8 +104,10 @@ def ship(run: str | Path, dest: str | Path, evaluations: list[str | Path] = ()) 
     if not (run / "train.json").is_file():
         raise GumihoError(f"{run} is not a finished training run (no train.json)")
     summary = json.loads((run / "train.json").read_text())
+    init = summary["config"].get("init")
+    earlier = tokens_seen_by(init) if init else None  # read first: the destination may be the initial drafter
     drafter = Drafter.from_pretrained(run / "drafter")
     drafter.save_pretrained(dest, dtype=torch.float16)
     evaluation = merge_evaluations(list(evaluations))
-    (dest / "README.md").write_text(model_card(summary, evaluation, drafter.kind))
+    (dest / "README.md").write_text(model_card(summary, evaluation, drafter.kind, earlier))
     return dest
