@@ -95,7 +95,7 @@ def app_race(url: str, methods: list[str], tokens: int) -> tuple[dict[str, float
     rates, tree = {}, {}
     for path in result[-1]:
         trace = json.loads(Path(path).read_text())
-        rates[trace["method"]] = trace["tokens_per_s"]
+        rates[trace["method"]] = round(trace["tokens_per_s"], 1)
         tree = tree or (trace["settings"]["tree"] or {})
     return rates, tree
 
@@ -112,8 +112,8 @@ def cli_rates(methods: list[str], tokens: int) -> dict[str, float]:
         done = subprocess.run([sys.executable, "-m", "gumiho", "generate", "--method", method, "--prompts",
                                str(prompts), "--max-new-tokens", str(tokens), "--json", "--trace", *tree],
                               cwd=ROOT, capture_output=True, text=True, check=True)
-        rates[method] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1][
-            "tokens_per_s"]
+        rates[method] = round([json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1][
+            "tokens_per_s"], 1)
     return rates
 
 
@@ -140,9 +140,9 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
-    result["app_rounds"], result["app_tokens_per_s"] = app_rounds, medians(app_rounds)
+    result["app_tokens_per_s"], result["rounds"] = medians(app_rounds), {"app": by_method(app_rounds)}
     if cli_rounds:
-        result["cli_rounds"], result["cli_tokens_per_s"] = cli_rounds, medians(cli_rounds)
+        result["cli_tokens_per_s"], result["rounds"]["cli"] = medians(cli_rounds), by_method(cli_rounds)
         result["app_over_cli"] = {m: round(result["app_tokens_per_s"][m] / r, 3)
                                   for m, r in result["cli_tokens_per_s"].items() if m in result["app_tokens_per_s"]}
     text = json.dumps(result, indent=1)
@@ -151,8 +151,13 @@ def main() -> None:
         args.out.write_text(text)
 
 
+def by_method(rounds: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Each method's tokens/s in round order (the app's Benchmarks tab lists the medians, not these)."""
+    return {m: [r[m] for r in rounds] for m in rounds[0]}
+
+
 def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
-    return {m: statistics.median(r[m] for r in rounds) for m in rounds[0]}
+    return {m: round(statistics.median(r[m] for r in rounds), 1) for m in rounds[0]}
 
 
 if __name__ == "__main__":
