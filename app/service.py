@@ -1,7 +1,7 @@
 """The engine behind the page: background loading, settings -> engine configs, streaming runs, Stop per visitor.
 
-transformers (through `gumiho.engine`) is imported on the engine thread (`engine_thread`), so the page, with its shipped example
-traces, is served before the model has loaded.
+transformers (through `gumiho.engine`) is imported on the engine thread (`engine_thread`), so the page, with its
+shipped example traces, is served before the model has loaded.
 """
 
 from __future__ import annotations

@@ -123,13 +123,13 @@ class LeanLlama:
         self.inv_freq = rotary.inv_freq.float().to(self.device)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         with torch.inference_mode(False):  # the fused weights must stay usable outside inference mode
-            self.layers = [self._layer(f"model.layers.{i}", layer, self._fused) for i, layer in enumerate(decoder.layers)]
-            self.prefill_layers: list[_Layer] | None = None
-            if int4 is not None:
-                self.prefill_layers = [self._layer(f"model.layers.{i}", layer, self._float_for_prefill)
-                                       for i, layer in enumerate(decoder.layers)]
-                if not self._float_prefill_pays():
-                    self.prefill_layers = None
+            def layers(matrix: Callable[..., Matrix]) -> list[_Layer]:
+                return [self._layer(f"model.layers.{i}", layer, matrix) for i, layer in enumerate(decoder.layers)]
+
+            self.layers = layers(self._fused)
+            self.prefill_layers: list[_Layer] | None = layers(self._float_for_prefill) if int4 is not None else None
+            if self.prefill_layers is not None and not self._float_prefill_pays():
+                self.prefill_layers = None
         self._cos = self._sin = torch.empty(0)
 
     def _fused(self, names: list[str], *linears) -> Matrix:

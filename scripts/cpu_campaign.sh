@@ -73,9 +73,10 @@ for round in $(seq 1 "$ROUNDS"); do
         done
         new=$(tau "$run/eval-new.json"); old=$(tau "$run/eval-shipped.json")
         new1=$(chain1 "$run/eval-new.json"); old1=$(chain1 "$run/eval-shipped.json")
-        log "round $round: $drafter tau on MT-Bench 20: new $new, shipped $old; held-out depth-1 accuracy: new $new1, shipped $old1"
+        log "round $round: $drafter tau on MT-Bench 20: new $new, shipped $old;" \
+            "held-out depth-1 accuracy: new $new1, shipped $old1"
         # Shipped only when it beats the shipped drafter on both: tau on 20 prompts alone moves by noise.
-        if $PY -c "import sys; a = [float(x) for x in sys.argv[1:]]; sys.exit(0 if a[0] > a[1] and a[2] >= a[3] else 1)" \
+        if $PY -c "import sys; t, t0, a, a0 = map(float, sys.argv[1:]); sys.exit(0 if t > t0 and a >= a0 else 1)" \
                 "$new" "$old" "$new1" "$old1"; then
             $PY -m gumiho.train ship --run "$run" --dest "$shipped" --eval "$run/eval-new.json"
             $PY -m gumiho calibrate --method "$drafter" --threads "$THREADS"

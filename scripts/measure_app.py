@@ -5,8 +5,8 @@ and a race's tokens/s in the app against the same runs through the CLI (issue #2
 
 The app's race and the CLI's runs alternate for `--rounds` rounds (the app idle while the CLI runs) and their
 medians are compared: on a shared machine the speed drifts by a quarter over minutes, so one run of each is not a
-comparison. `--app-dir` serves another checkout's app.py (e.g. a worktree of an older commit, for a before/after) with this
-environment. The browser runs on the same machine, as in a classroom demo on one laptop. Pause other work first
+comparison. `--app-dir` serves another checkout's app.py (e.g. a worktree of an older commit, for a before/after)
+with this environment. The browser runs on the same machine, as in a classroom demo on one laptop. Pause other work first
 (bash scripts/campaign_hold.sh ...): on 2 cores a background job skews every timing.
 """
 
