@@ -30,7 +30,7 @@ def user_turns(record: object) -> list[str] | None:
 def read_prompt_file(path: Path, what: str = "prompts file", limit: int | None = None) -> list[PromptRecord]:
     """The first `limit` records (default: all) of a prompt file; `what` names the file in error messages."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise GumihoError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     records = []

@@ -8,7 +8,8 @@
 #   SHAREGPT=/data/sharegpt.json MINUTES=5 bash scripts/train_drafters.sh
 #
 # MINUTES is the wall-clock budget of the Gumiho run: its length is fixed after timing its first steps, and the
-# EAGLE-2 run then gets exactly the same number of steps (same batches, same data, same tokens seen).
+# EAGLE-2 run after it gets exactly the same number of steps (same batches, same data, same tokens seen). Budget
+# about as long again for EAGLE-2 (its unrolled loss costs UNROLL_EAGLE2 draft steps per position).
 set -euo pipefail
 
 PY=${PY:-python}
@@ -53,23 +54,18 @@ $PY -m gumiho.train prepare --split train --no-distill --conversations "$CONVERS
     --shard-size "$SHARD" --out "$CACHE/sharegpt-train" "${data[@]}" "${common[@]}" &
 wait
 
-# 2. Both drafters on the same data (self-distilled replies counted twice) and the same steps, concurrently.
+# 2. Both drafters on the same data (self-distilled replies counted twice) and the same steps, one after the other:
+#    Gumiho fixes its length from the speed of its first steps, and a second run started beside it would slow it
+#    2-3x after that (an H200, 2026-11: 480k tokens/s alone, 170k with EAGLE-2 beside it), so it would overrun.
 DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
        --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
-rm -f "$RUNS/gumiho/length.json"  # the run writes it again once its length is fixed (at once when resuming a fixed run)
 $PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --unroll "$UNROLL_GUMIHO" $(init gumiho) \
-    "${train[@]}" &
-gumiho=$!
-while [ ! -f "$RUNS/gumiho/length.json" ]; do
-    kill -0 $gumiho 2>/dev/null || { wait $gumiho; exit 1; }
-    sleep 5
-done
+    "${train[@]}"
 steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$RUNS/gumiho/length.json")
 $PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" --unroll "$UNROLL_EAGLE2" $(init eagle2) \
     "${train[@]}"
-wait $gumiho
 
 # 3. Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage, then the fp16 folders.
 for kind in eagle2 gumiho; do

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -10,6 +12,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from gumiho.drafters import Drafter, new_drafter
 from gumiho.engine import Engine
 from gumiho.target import Target
+
+
+# The tiny-model tests run on the CPU in fp32 unless these name another device and dtype: the CUDA subset is
+# `GUMIHO_TEST_DEVICE=cuda GUMIHO_TEST_DTYPE=float16 pytest tests/test_exactness.py` (docs/benchmarks.md#cuda-tests).
+TEST_DEVICE = torch.device(os.environ.get("GUMIHO_TEST_DEVICE", "cpu"))
+TEST_DTYPE = getattr(torch, os.environ.get("GUMIHO_TEST_DTYPE", "float32"))
 
 
 def tiny_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
@@ -31,8 +39,9 @@ def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: fl
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale / (model.lm_head.weight.std() * 32**0.5))
     model.requires_grad_(False)
-    return Target(model=model, tokenizer=tiny_tokenizer(vocab), name=f"tiny-{seed}", device=torch.device("cpu"),
-                  dtype=torch.float32, eos_ids=set())
+    model.to(TEST_DEVICE, TEST_DTYPE)  # built on the CPU first, so every device gets the same weights
+    return Target(model=model, tokenizer=tiny_tokenizer(vocab), name=f"tiny-{seed}", device=TEST_DEVICE,
+                  dtype=TEST_DTYPE, eos_ids=set())
 
 
 # The methods a tiny engine has drafters for (lookup and recycle have no weights).

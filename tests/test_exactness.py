@@ -53,6 +53,18 @@ def test_greedy_equals_ar_on_tiny_models(method):
     assert accepted > 100
 
 
+@pytest.mark.parametrize("method", DRAFTED)
+def test_the_gpu_trees_run_on_a_vocabulary_smaller_than_their_top_k(method):
+    """CUDA's default trees (Gumiho's 35 MLP candidates per head) on a 16-token model: the drafters propose fewer
+    candidates instead of failing, and greedy output still equals AR."""
+    engine = tiny_engine(seed=1, vocab=16, drafter_seed=1)
+    ids = prompt_for(1, 16)
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=20), prompt_ids=ids)
+    tree = TreeSettings.default(method, "cuda")
+    run = engine.generate("", method, GenerationConfig(max_new_tokens=20, tree=tree), prompt_ids=ids)
+    assert run.token_ids == ar.token_ids
+
+
 def test_trace_records_what_was_emitted():
     engine = tiny_engine(seed=3, vocab=16, drafter_seed=3)
     ids = prompt_for(3, 16)

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 
+from gumiho.prompts import read_prompt_file
 from gumiho.train.data import Conversation, is_heldout, iter_json_records, load_conversations, render, split
 from gumiho.train.features import load_sequences, target_features, write_shard
 from tests.conftest import tiny_target
@@ -180,6 +181,18 @@ def test_jsonl_training_data_in_three_forms(tmp_path):
     assert loaded[1].messages == [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
     assert loaded[2].messages == [{"role": "user", "content": "q3"}, {"role": "user", "content": "and then?"}]
     assert render(loaded[3], CharChatML(), 64, IM_END) is None  # no reply to learn from without self-distillation
+
+
+def test_jsonl_lines_end_only_at_newlines(tmp_path):
+    """JSON written with ensure_ascii=False keeps U+2028, U+0085 and form feeds raw inside strings: they are text,
+    not line ends (str.splitlines would cut the record there)."""
+    content = "one\u2028two\x85three\x0cfour\rfive"
+    path = tmp_path / "raw.jsonl"
+    path.write_text(json.dumps({"prompt": content}, ensure_ascii=False) + "\r\n" + json.dumps({"prompt": "b"}) + "\n",
+                    encoding="utf-8")
+    loaded = load_conversations(path)
+    assert [c.messages[0]["content"] for c in loaded] == [content, "b"]
+    assert [r.turns for r in read_prompt_file(path)] == [[content], ["b"]]
 
 
 @pytest.mark.parametrize("text, message", [

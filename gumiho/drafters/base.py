@@ -88,9 +88,10 @@ class Drafter(nn.Module):
 
     def top_tokens(self, hidden: torch.Tensor, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k draft log-probs (at `temperature`) and their token ids (in the target's vocabulary) for each row of
-        `hidden`."""
-        logp = torch.log_softmax(self.head_logits(hidden).float() / temperature, -1)
-        values, idx = torch.topk(logp, k, dim=-1)
+        `hidden`; k is capped at the draft vocabulary's size. A row whose fp16 activations overflowed (NaN) scores
+        -inf: its drafts rank last and the tree stays closed under parent-of (a NaN would sort above its parent)."""
+        logp = torch.log_softmax(self.head_logits(hidden).float() / temperature, -1).nan_to_num(nan=-torch.inf)
+        values, idx = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)  # fewer when the vocabulary is smaller
         if self.draft_vocab is not None:
             idx = self.draft_vocab[idx]
         return values, idx

@@ -23,6 +23,7 @@ class Eagle2Drafter(FeatureDrafter):
         pool = DraftPool()
         scores, ids = self.top_tokens(h[None], k)
         open_score, open_tok = scores[0], ids[0]
+        k = open_tok.numel()
         open_idx = pool.add(open_tok, torch.full((k,), -1, device=dev), open_score, "eagle-1", 1)
         open_feat = h.expand(k, -1)
         seen = torch.zeros(k, 0, dtype=torch.bool, device=dev)  # each open node's ancestors among expansion slots

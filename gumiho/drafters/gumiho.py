@@ -39,6 +39,7 @@ class GumihoDrafter(FeatureDrafter):
 
         scores1, tok1 = self.top_tokens(h[None], k)
         scores1, tok1 = scores1[0], tok1[0]
+        k = tok1.numel()
         idx1 = pool.add(tok1, torch.full((k,), -1, device=dev), scores1, "serial-1", 1)
         if depth == 0:
             return pool
@@ -64,14 +65,15 @@ class GumihoDrafter(FeatureDrafter):
         second = self.transformer.fuse(self.embed(tok2), h1[rows])
         predicted = self.heads(torch.cat([first, second], -1), heads_used)  # [heads_used, k, H]
         head_scores, head_ids = self.top_tokens(predicted, tree.mlptopk)  # [heads, k, mlptopk]
+        mlptopk = head_ids.shape[-1]
 
         branch_idx, branch_row, branch_score = idx2, torch.arange(k, device=dev), scores2
         for m in range(heads_used):
             candidates = (branch_score[:, None] + head_scores[m, branch_row]).flatten()
             keep = torch.topk(candidates, min(tree.pruning, candidates.numel())).indices
-            parent = keep // tree.mlptopk
+            parent = keep // mlptopk
             row = branch_row[parent]
-            new_tokens = head_ids[m, row, keep % tree.mlptopk]
+            new_tokens = head_ids[m, row, keep % mlptopk]
             branch_idx = pool.add(new_tokens, branch_idx[parent], candidates[keep], f"mlp-{m + 3}", m + 3)
             branch_row, branch_score = row, candidates[keep]
         return pool

@@ -111,7 +111,7 @@ def from_jsonl_record(record: dict, fallback_id: str) -> Conversation | None:
 
 
 def _jsonl_records(path: Path, text: str) -> Iterator[Conversation | None]:
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
