@@ -10,6 +10,11 @@
 # MINUTES is the wall-clock budget of the Gumiho run: its length is fixed after timing its first steps, and the
 # EAGLE-2 run after it gets exactly the same number of steps (same batches, same data, same tokens seen). Budget
 # about as long again for EAGLE-2 (its unrolled loss costs UNROLL_EAGLE2 draft steps per position).
+#
+# For a GPU lent for minutes, size the run from the clock instead (docs/training.md#a-gpu-lent-for-minutes):
+#   GEN_S=230 END=$(( $(date +%s) + 600 )) INIT=assets/drafters bash scripts/train_drafters.sh
+# GEN_S stops self-distillation that many seconds after the start (training takes the finished shards); END, in
+# epoch seconds, sets MINUTES so that both drafters, the evaluation and the fp16 folders are done by then.
 set -euo pipefail
 
 PY=${PY:-python}
@@ -31,6 +36,11 @@ LR=${LR:-5e-4}
 WARMUP=${WARMUP:-100}
 EPOCHS=${EPOCHS:-40}                  # an upper bound; MINUTES decides the real length
 MINUTES=${MINUTES:-13}
+GEN_S=${GEN_S:-}                      # empty: every prepare runs to the end
+END=${END:-}                          # empty: MINUTES as given
+EAGLE2_SHARE=${EAGLE2_SHARE:-1.2}     # with END: EAGLE-2's run time per unit of Gumiho's
+RESERVE_S=${RESERVE_S:-60}            # with END: seconds kept for the evaluation and the fp16 folders
+PROBE_STEPS=${PROBE_STEPS:-20}        # Gumiho steps timed to fix its length
 UNROLL_EAGLE2=${UNROLL_EAGLE2:-1}      # training-time test: draft steps trained per position (--unroll)
 UNROLL_GUMIHO=${UNROLL_GUMIHO:-1}     # (Gumiho drafts 2 tokens serially, so 2 is its useful maximum)
 INIT=${INIT:-}                        # folder holding smollm2-135m-{eagle2,gumiho}/ to fine-tune; empty: from scratch
@@ -40,6 +50,16 @@ DEST=${DEST:-$RUNS/shipped}           # fp16 drafter folders with model cards
 
 data=(${SHAREGPT:+--data "$SHAREGPT"})
 common=(--dtype "$DTYPE" $MODEL_ARGS)
+start=$(date +%s)
+
+# Wait for a background job; with a deadline, stop it there (a prepare run keeps its finished shards).
+finish() {
+    local pid=$1 deadline=${2:-}
+    if [ -z "$deadline" ]; then wait "$pid"; return; fi
+    while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 2; done
+    kill "$pid" 2>/dev/null && echo "stopped $3 at its time limit"
+    wait "$pid" || true
+}
 
 # 0. Convert the embedded model once, before three processes load it at the same time.
 [ -n "$MODEL_ARGS" ] || $PY -c "from gumiho.target import ensure_default_model; ensure_default_model()"
@@ -47,12 +67,23 @@ common=(--dtype "$DTYPE" $MODEL_ARGS)
 # 1. Held-out replies, self-distilled training replies and ShareGPT's own replies, side by side.
 $PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --gen-batch "$GEN_BATCH" \
     --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/distill-heldout" "${data[@]}" "${common[@]}" &
+heldout=$!
 $PY -m gumiho.train prepare --split train --conversations "$CONVERSATIONS" --gen-batch "$GEN_BATCH" \
     --max-new-tokens "$NEW_TOKENS" --turns "$TURNS" --max-prompt-len "$MAX_PROMPT_LEN" --shard-size "$SHARD" \
     --out "$CACHE/distill-train" "${data[@]}" "${common[@]}" &
+distill=$!
 $PY -m gumiho.train prepare --split train --no-distill --conversations "$CONVERSATIONS" --max-len "$MAX_LEN" \
     --shard-size "$SHARD" --out "$CACHE/sharegpt-train" "${data[@]}" "${common[@]}" &
-wait
+sharegpt=$!
+finish $distill "${GEN_S:+$(( start + GEN_S ))}" self-distillation
+finish $heldout "${GEN_S:+$(( start + GEN_S + 30 ))}" "held-out replies"
+finish $sharegpt "${GEN_S:+$(( start + GEN_S + 30 ))}" "ShareGPT features"
+if [ -n "$GEN_S" ]; then  # a stopped run wrote no manifest: write it from the finished shards
+    for set in distill-heldout distill-train sharegpt-train; do
+        $PY -c "import sys; from pathlib import Path; from gumiho.train.prepare import write_manifest; \
+write_manifest(Path(sys.argv[1]))" "$CACHE/$set"
+    done
+fi
 
 # 2. Both drafters on the same data (self-distilled replies counted twice) and the same steps, one after the other:
 #    Gumiho fixes its length from the speed of its first steps, and a second run started beside it would slow it
@@ -61,14 +92,22 @@ DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
        --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
-$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --unroll "$UNROLL_GUMIHO" $(init gumiho) \
-    "${train[@]}"
+if [ -n "$END" ]; then
+    MINUTES=$($PY -c "import sys; e, n, r, s = map(float, sys.argv[1:]); print(max(0.5, (e-n-r)/60/(1+s)/1.1))" \
+        "$END" "$(date +%s)" "$RESERVE_S" "$EAGLE2_SHARE")
+    echo "training Gumiho for $MINUTES minutes, then EAGLE-2 for the same steps"
+fi
+$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --probe-steps "$PROBE_STEPS" \
+    --unroll "$UNROLL_GUMIHO" $(init gumiho) "${train[@]}"
 steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$RUNS/gumiho/length.json")
 $PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" --unroll "$UNROLL_EAGLE2" $(init eagle2) \
     "${train[@]}"
 
-# 3. Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage, then the fp16 folders.
+# 3. Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage (of the initial drafters too), then the
+#    fp16 folders.
 for kind in eagle2 gumiho; do
+    [ -z "$INIT" ] || $PY -m gumiho.train eval --drafter-dir "$INIT/smollm2-135m-$kind" \
+        --heldout "$CACHE/distill-heldout" --out "$RUNS/$kind/eval-heldout-before.json" "${common[@]}"
     $PY -m gumiho.train eval --drafter-dir "$RUNS/$kind/drafter" --heldout "$CACHE/distill-heldout" \
         --out "$RUNS/$kind/eval-heldout.json" "${common[@]}"
     $PY -m gumiho.train ship --run "$RUNS/$kind" --dest "$DEST/smollm2-135m-$kind" --eval "$RUNS/$kind/eval-heldout.json"

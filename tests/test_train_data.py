@@ -184,8 +184,8 @@ def test_jsonl_training_data_in_three_forms(tmp_path):
 
 
 def test_jsonl_lines_end_only_at_newlines(tmp_path):
-    """JSON written with ensure_ascii=False keeps U+2028, U+0085 and form feeds raw inside strings: they are text,
-    not line ends (str.splitlines would cut the record there)."""
+    """JSON written with ensure_ascii=False keeps U+2028 and U+0085 raw inside strings: they are text, not line ends
+    (str.splitlines would cut the record there)."""
     content = "one\u2028two\x85three\x0cfour\rfive"
     path = tmp_path / "raw.jsonl"
     path.write_text(json.dumps({"prompt": content}, ensure_ascii=False) + "\r\n" + json.dumps({"prompt": "b"}) + "\n",
