@@ -58,15 +58,18 @@ def set_number(page, label: str, value: int) -> None:
     box.press("Enter")
 
 
-def click_until(page, button, text: str, timeout: float = LONG_MS) -> None:
-    """Click `button` and wait until a message reads `text` again after changing: the same text left by an earlier
-    run ("Done.") must not count as this run's, or the test moves on while the run still holds the visitor's turn."""
+def click_until(page, button, *texts: str, timeout: float = LONG_MS) -> str:
+    """Click `button` and wait until a message reads one of `texts` after changing (returned): the same text left by
+    an earlier run ("Done.") must not count as this run's, or the test moves on while the run still holds the
+    visitor's turn."""
     page.evaluate("""() => document.querySelectorAll('.gm-message').forEach((el) => { el.gmChanged = false;
         new MutationObserver(() => { el.gmChanged = true; }).observe(el, {subtree: true, childList: true,
                                                                          characterData: true}); })""")
     button.click()
-    page.wait_for_function("""(text) => [...document.querySelectorAll('.gm-message')].some(
-        (el) => el.gmChanged && el.innerText.trim() === text)""", arg=text, timeout=timeout)
+    found = page.wait_for_function("""(texts) => [...document.querySelectorAll('.gm-message')].map(
+        (el) => el.gmChanged && el.innerText.trim()).find((text) => texts.includes(text))""", arg=list(texts),
+                                   timeout=timeout)
+    return found.json_value()
 
 
 def tree_plot(page):
@@ -149,18 +152,27 @@ def test_out_of_range_settings_get_a_message(page):
 
 
 def test_a_second_generate_while_one_runs_says_so(page):
+    """Then Stop ends the run. On a busy machine the page can show a run's progress late enough that the run ends
+    on its own before Stop reaches it ("Done." or "Nothing is running."); such a run is tried again, and three of them fail the test."""
     page.get_by_label("Prompt", exact=True).fill("Tell me a long story about a fox.")
-    set_number(page, "Max new tokens", 400)
+    set_number(page, "Max new tokens", 512)
     generate = page.get_by_role("button", name="Generate", exact=True)
-    generate.click()
-    page.get_by_text(re.compile(r"^Generating with Gumiho")).wait_for(timeout=LONG_MS)
-    generate.click()
-    message(page, "A run is in progress: Stop it first.").wait_for()
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "issue15-2-run-in-progress.png"))  # the viewport, where the toast is
-    page.get_by_text(re.compile(r"in ([3-9]|\d\d+) cycles .*running…")).wait_for(timeout=LONG_MS)  # for the scrubber
-    page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first.click()
-    page.get_by_text("Stopped.", exact=True).wait_for(timeout=LONG_MS)
+    stop = page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first
+    for attempt in range(3):
+        generate.click()
+        page.get_by_text(re.compile(r"^Generating with Gumiho")).wait_for(timeout=LONG_MS)
+        generate.click()
+        message(page, "A run is in progress: Stop it first.").wait_for()
+        if attempt == 0:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "issue15-2-run-in-progress.png"))  # the viewport, where the toast is
+        running = page.get_by_text(re.compile(r"in ([3-9]|\d\d+) cycles .*running…"))  # cycles for the scrubber
+        ended = page.locator(".gm-message").filter(visible=True, has_text=re.compile(r"^\s*Done\.\s*$"))
+        running.or_(ended).first.wait_for(timeout=LONG_MS)
+        if click_until(page, stop, "Stopped.", "Done.", "Nothing is running.") == "Stopped.":
+            break
+    else:
+        pytest.fail("three runs ended on their own before Stop reached them")
     set_number(page, "Max new tokens", 12)
 
 
