@@ -168,11 +168,18 @@ def drafter_for(drafter: Drafter, target: Target) -> Drafter:
 # --- the profile -----------------------------------------------------------------------------------------------------
 @dataclass
 class PathCost:
+    """What one path costs. Its verification curves never fall with n: a measurement that does (a 2-token forward
+    timed below a 1-token one, as a busy moment on a shared machine gives) is replaced by the nondecreasing curve
+    nearest to it, so that noise cannot make a larger tree look free, nor a one-token step look dear."""
+
     path: ExecPath
     verify_ms: dict[int, list[float]]  # KV length -> ms per size in SIZES order (one lm_head row included)
     draft_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # method -> top_k -> ms per propose
     head_ms: float = 0.0  # one more lm_head row: a verification reads one per accepted token (verify.LazyLogits)
     small_draft_ms: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)  # method -> top_k -> n -> ms
+
+    def __post_init__(self) -> None:
+        self.verify_ms = {kv: nondecreasing(curve) for kv, curve in self.verify_ms.items()}
 
     def draft_at(self, method: str, top_k: int, n: int) -> float:
         """A draft call for a tree of n tokens: cheaper than the full draft when n is too small for its deeper
@@ -188,6 +195,19 @@ class PathCost:
         lengths = sorted(self.verify_ms)
         per_length = [_interpolate(SIZES, self.verify_ms[length], n) for length in lengths]
         return _interpolate(lengths, per_length, kv)
+
+
+def nondecreasing(values: list[float]) -> list[float]:
+    """The nondecreasing sequence nearest to `values` in least squares (pool adjacent violators: a run that falls
+    is replaced by its mean); a sequence that never falls comes back unchanged."""
+    blocks: list[tuple[float, int]] = []  # (sum, count) of each pooled run
+    for value in values:
+        total, count = float(value), 1
+        while blocks and blocks[-1][0] * count > total * blocks[-1][1]:  # the previous run's mean is higher
+            previous, n = blocks.pop()
+            total, count = total + previous, count + n
+        blocks.append((total, count))
+    return [total / count for total, count in blocks for _ in range(count)]
 
 
 def _interpolate(xs, ys, x: float) -> float:

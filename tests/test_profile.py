@@ -104,6 +104,27 @@ def deep_acceptance() -> Acceptance:
     return Acceptance({3: [[0, 2]] * 10, 4: [[0, 3, 7]] * 10, 6: [[0, 3, 10, 30]] * 10, 8: [[0, 40]] * 10})
 
 
+def test_a_verification_curve_that_falls_with_n_is_fitted_nondecreasing():
+    """A busy moment timed one token at 39.4 ms and two at 37.0 (a real cached profile, AVX2 EPYC): the fit pools
+    them (38.2 both) and keeps what rises; a cached profile is fitted as it loads, a curve that rises is kept as is."""
+    noisy = [39.4, 37.0, 38.8, 47.2, 56.7, 63.4, 77.6, 91.3, 141.1, 186.7, 300.1, 340.9]
+    rising = [26.3, 28.6, 30.9, 33.1, 46.0, 51.1, 63.4, 77.4, 115.6, 141.6, 309.5, 383.1]
+    cost = PathCost(ExecPath("int4"), {256: noisy, 1024: rising})
+    fitted = cost.verify_ms[256]
+    assert fitted[:3] == pytest.approx([38.2, 38.2, 38.8]) and fitted[3:] == noisy[3:]
+    assert cost.verify_ms[1024] == rising
+    assert all(a <= b for a, b in zip(fitted, fitted[1:]))
+    assert sum(fitted) == pytest.approx(sum(noisy))  # least squares under the order: pooled runs keep their mean
+    assert cost.verify_at(1, 256) == cost.verify_at(2, 256) < cost.verify_at(3, 256)
+    assert prof.nondecreasing([5.0, 1.0, 3.0, 2.0]) == pytest.approx([2.75] * 4)
+    assert prof.nondecreasing([1.0, 5.0, 2.0, 2.0, 6.0]) == [1.0, 3.0, 3.0, 3.0, 6.0]
+    store = {"signature": {}, "model": "m", "drafters": {}, "seconds": 1.0, "version": prof.VERSION,
+             "costs": [{"path": {"dtype": "int4", "forward": "lean", "pack": True},
+                        "verify_ms": {"256": noisy, "1024": rising}, "draft_ms": {}, "head_ms": 1.0,
+                        "small_draft_ms": {}}]}
+    assert MachineProfile.from_dict(store).costs[0].verify_ms[256] == fitted
+
+
 def test_acceptance_gives_the_tau_each_tree_size_would_have_had(tmp_path):
     acc = deep_acceptance()
     assert acc.tau(6, 2) == 2.0 and acc.tau(6, 12) == 4.0 and acc.tau(6, 32) == 5.0
