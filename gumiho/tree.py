@@ -327,9 +327,12 @@ class TreeSettings:
 
     def lookup_tree(self, device_type: str = "cpu") -> TreeSettings:
         """The prompt-lookup tree a cycle switches to under `lookup_merge`: lookup's default, matching at least
-        `lookup_merge` tokens, within this tree's budget (lookup's own where this tree is the root alone)."""
+        `lookup_merge` tokens. A fixed tree's size is the most it verifies; a sized one's (or the root alone) is
+        only what suits the drafter, whose first token is its surest, so the switch gets lookup's own budget and
+        its sizer picks n from lookup's calibration (a 3-token match goes on for several tokens)."""
         base = TreeSettings.default("lookup", device_type)
-        total = min(base.total_tokens, self.total_tokens) if self.total_tokens > 1 else base.total_tokens
+        own = self.sized or self.total_tokens <= 1
+        total = base.total_tokens if own else min(base.total_tokens, self.total_tokens)
         return replace(base, min_ngram=self.lookup_merge, max_ngram=max(base.max_ngram, self.lookup_merge),
                        total_tokens=total)
 

@@ -197,6 +197,17 @@ def test_a_fixed_size_switches_per_cycle_sizing_off():
     assert not TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=sized).sized
 
 
+def test_the_lookup_switch_verifies_lookups_budget_unless_the_tree_size_is_fixed():
+    """The automatic CPU choice sizes Gumiho's cycles up to 2 tokens: its switch to prompt lookup keeps lookup's own
+    budget (8), so a long match can be verified; a fixed size stays the most a cycle verifies."""
+    lookup = TreeSettings.default("lookup", "cpu")
+    base = replace(TreeSettings.default("gumiho", "cpu"), lookup_merge=LOOKUP_MERGE)
+    sized = replace(base, total_tokens=2, sized=True).lookup_tree()
+    assert (sized.total_tokens, sized.min_ngram, sized.depth) == (lookup.total_tokens, LOOKUP_MERGE, lookup.depth)
+    assert replace(base, total_tokens=1).lookup_tree().total_tokens == lookup.total_tokens  # the root alone
+    assert replace(base, total_tokens=2).lookup_tree().total_tokens == 2
+
+
 @pytest.mark.parametrize("method,merge", [("gumiho", -1), ("mjsd", 3), ("lookup", 3), ("recycle", 2)])
 def test_the_lookup_switch_is_a_learned_drafters_option(method, merge):
     with pytest.raises(GumihoError, match="lookup-merge"):
