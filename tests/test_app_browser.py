@@ -153,7 +153,8 @@ def test_out_of_range_settings_get_a_message(page):
 
 def test_a_second_generate_while_one_runs_says_so(page):
     """Then Stop ends the run. On a busy machine the page can show a run's progress late enough that the run ends
-    on its own before Stop reaches it ("Done." or "Nothing is running."); such a run is tried again, and three of them fail the test."""
+    on its own before Stop reaches it ("Done." or "Nothing is running."); such a run is tried again, and three of
+    them fail the test."""
     page.get_by_label("Prompt", exact=True).fill("Tell me a long story about a fox.")
     set_number(page, "Max new tokens", 512)
     generate = page.get_by_role("button", name="Generate", exact=True)
