@@ -251,8 +251,13 @@ class LeanLlama:
         cos, sin = cos[:, :, None], sin[:, :, None]  # [b, n, 1, d]: one row per token, broadcast over heads
         if mask is None and n > 1:
             mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
-        # Query rows ordered (group member, token) under each KV head; the mask repeats per group member.
-        attn_mask = None if mask is None else mask.repeat(1, g, 1)[:, None]
+        # Query rows ordered (group member, token) under each KV head; the mask repeats per group member. Additive
+        # (0 / -inf) once here: SDPA would convert a boolean mask in every layer (1-2 ms a tree forward on a CPU),
+        # and gives the same result bit for bit.
+        attn_mask = None
+        if mask is not None:
+            attn_mask = torch.zeros(b, 1, g * n, total, dtype=self.dtype, device=self.device)
+            attn_mask.masked_fill_(~mask.repeat(1, g, 1)[:, None], float("-inf"))
         x = F.embedding(tokens, self.embed)
         for i, layer in enumerate(layers):
             qkv = layer.qkv(self._rms(x, layer.input_norm)).view(b, n, h + 2 * kvh, d)
