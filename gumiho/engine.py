@@ -164,6 +164,7 @@ class Run:
                 forward=target.forward,
                 choice=engine.choice.summary(method) + "; " + engine.choice.reason if engine.choice else "",
                 approximate=approximate or (FTA_NOTE if fta_applied else ""),
+                attention=target.attention,
             ),
         )
 

@@ -10,9 +10,9 @@ reports what that costs in output agreement.
 
 The kernel is fast only with bf16 activations (fp32 and fp16 fall onto a reference loop 10-20x slower here), so
 `Int4Matrix` casts its input to bf16 and its output back: the rest of the forward (norms, attention, the
-residual stream) keeps its own dtype. It computes each row the same way whatever the number of rows, so a tree
-verification gives each node the logits a one-row step would: greedy speculation on this path equals this
-path's AR token for token.
+residual stream) keeps its own dtype. It computes each row the same way whatever the number of rows, and so does
+the row-consistent attention (kernels/), so a tree verification gives each node the logits a one-row step would:
+greedy speculation on this path equals this path's AR token for token.
 """
 
 from __future__ import annotations

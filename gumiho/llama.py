@@ -24,10 +24,12 @@ from transformers import PreTrainedModel
 
 from .errors import GumihoError
 from .int4 import Int4Matrix
+from .kernels import row_attention
 from .packed import PackedMatrix
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PREFILL_ROWS = 64  # on the int4 path a prompt this long may take the float weights (LeanLlama._float_prefill_pays)
+ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
 
 class StaticCache:
@@ -131,6 +133,10 @@ class LeanLlama:
             if self.prefill_layers is not None and not self._float_prefill_pays():
                 self.prefill_layers = None
         self._cos = self._sin = torch.empty(0)
+        # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
+        # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
+        consistent = self.device.type == "cpu" and self.dtype == torch.float32 and self.head_dim % 16 == 0
+        self.row_attention = row_attention() if consistent else None
 
     def _fused(self, names: list[str], *linears) -> Matrix:
         """One matrix for several projections that read the same input: 4-bit on the int4 path, else float."""
@@ -254,8 +260,10 @@ class LeanLlama:
         # Query rows ordered (group member, token) under each KV head; the mask repeats per group member. Additive
         # (0 / -inf) once here: SDPA would convert a boolean mask in every layer (1-2 ms a tree forward on a CPU),
         # and gives the same result bit for bit.
+        rows_kernel = self.row_attention if n <= ROW_ATTENTION_TOKENS and not prefill else None
+        visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)
         attn_mask = None
-        if mask is not None:
+        if mask is not None and rows_kernel is None:
             attn_mask = torch.zeros(b, 1, g * n, total, dtype=self.dtype, device=self.device)
             attn_mask.masked_fill_(~mask.repeat(1, g, 1)[:, None], float("-inf"))
         x = F.embedding(tokens, self.embed)
@@ -267,8 +275,11 @@ class LeanLlama:
             q = qk[:, :, :h].reshape(b, n, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * n, d)
             cache.keys[i, :, :, past:total] = qk[:, :, h:].transpose(1, 2)
             cache.values[i, :, :, past:total] = qkv[:, :, h + kvh :].transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
-                                                 attn_mask=attn_mask)
+            if rows_kernel is not None:
+                out = rows_kernel.attention(q, cache.keys[i], cache.values[i], visible, n, past, d ** -0.5)
+            else:
+                out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
+                                                     attn_mask=attn_mask)
             out = out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
             x = x + layer.o(out)
             gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, -1)

@@ -192,6 +192,12 @@ class Target:
         self._head = PackedMatrix(self.head_weight, pack=self.pack)
 
     @property
+    def attention(self) -> str:
+        """'row-consistent' where decode steps and trees take kernels/attention.cpp (each row computed as a
+        one-token step would be), else 'sdpa'."""
+        return "row-consistent" if self._lean is not None and self._lean.row_attention is not None else "sdpa"
+
+    @property
     def precision(self) -> str:
         """What the trace and the reports call this path's numbers: 'int4' or the dtype's name."""
         return "int4" if self.int4 else str(self.dtype).removeprefix("torch.")

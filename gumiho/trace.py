@@ -155,6 +155,7 @@ class RunSettings:
     forward: str = "transformers"
     choice: str = ""
     approximate: str = ""
+    attention: str = ""  # "row-consistent" (kernels/: a tree row = a one-token step, bit for bit) or "sdpa"
 
 
 @dataclass

@@ -258,6 +258,18 @@ def test_race_texts_mark_where_a_text_leaves_ar():
     assert "differs from AR from token 1" in differs and "gm-diff" in differs
 
 
+def test_int4_is_identical_to_ar_with_the_row_consistent_attention_and_equal_up_to_rounding_without():
+    from dataclasses import replace
+
+    def on_int4(trace, attention):
+        return replace(trace, settings=replace(trace.settings, dtype="int4", attention=attention))
+
+    exact = render.race_texts_html([on_int4(t, "row-consistent") for t in race_traces()])
+    assert "identical to AR" in exact and "rounding" not in exact
+    sdpa = render.race_texts_html([on_int4(t, "sdpa") for t in race_traces()])
+    assert "equal to AR up to bf16 rounding" in sdpa
+
+
 def test_timeline_and_divergence_helpers():
     seconds, counts = analysis.timeline(gumiho_trace())
     assert counts == [0, 1, 5, 6] and seconds[0] == 0

@@ -1,0 +1,274 @@
+// Row-consistent attention for decode steps and tree verification on a CPU (gumiho/kernels/__init__.py).
+//
+// Each query row's output is computed by the same sequence of float operations whatever the number of rows in the
+// call and whatever keys are masked: scores are dot products in a fixed order, the softmax takes its maximum over
+// the row's visible keys only, and masked keys enter the sums as exact zeros (x + 0 = x). So a node of a verified
+// tree gets, bit for bit, the attention output that a one-token decode step at that position would give, and a
+// path whose matrix products are row-consistent too (int4.py) makes greedy speculation equal its AR exactly.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t KEY_CHUNK = 64;
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum8(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+// out[r] = sum_i q[r][i] * key[i] for ROWS query rows of length d (a multiple of 16 on AVX2), each dot product
+// always computed by the same operations in the same order (two partial sums over strides of 16, then a fixed
+// horizontal sum) whatever the number of rows: the loads of `key` are shared, the arithmetic is not.
+template <int ROWS>
+inline void dots(const float* q, const float* key, int64_t d, float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 s0[ROWS], s1[ROWS];
+    for (int r = 0; r < ROWS; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 16) {
+        const __m256 k0 = _mm256_loadu_ps(key + i), k1 = _mm256_loadu_ps(key + i + 8);
+        for (int r = 0; r < ROWS; ++r) {
+            s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), k0, s0[r]);
+            s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i + 8), k1, s1[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; ++r) out[r] = hsum8(_mm256_add_ps(s0[r], s1[r]));
+#else
+    for (int r = 0; r < ROWS; ++r) {
+        float acc = 0.f;
+        for (int64_t i = 0; i < d; ++i) acc += q[r * d + i] * key[i];
+        out[r] = acc;
+    }
+#endif
+}
+
+inline void dots(const float* q, int64_t rows, const float* key, int64_t d, float* out) {
+    switch (rows) {
+        case 1: dots<1>(q, key, d, out); break;
+        case 2: dots<2>(q, key, d, out); break;
+        case 3: dots<3>(q, key, d, out); break;
+        default: dots<4>(q, key, d, out); break;
+    }
+}
+
+// acc[r] += sum_j p[r * stride + j] * value[j * vstride + 0 .. 15] over keys j in order, for ROWS rows.
+template <int ROWS>
+inline void weighted_sum16(const float* p, int64_t stride, const float* value, int64_t vstride, int64_t total,
+                           float* out, int64_t ostride) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 a0[ROWS], a1[ROWS];
+    for (int r = 0; r < ROWS; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < total; ++j) {
+        const __m256 v0 = _mm256_loadu_ps(value + j * vstride), v1 = _mm256_loadu_ps(value + j * vstride + 8);
+        for (int r = 0; r < ROWS; ++r) {
+            const __m256 w = _mm256_broadcast_ss(p + r * stride + j);
+            a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+        _mm256_storeu_ps(out + r * ostride, a0[r]);
+        _mm256_storeu_ps(out + r * ostride + 8, a1[r]);
+    }
+#else
+    for (int r = 0; r < ROWS; ++r) {
+        float acc[16] = {0.f};
+        for (int64_t j = 0; j < total; ++j)
+            for (int i = 0; i < 16; ++i) acc[i] += p[r * stride + j] * value[j * vstride + i];
+        for (int i = 0; i < 16; ++i) out[r * ostride + i] = acc[i];
+    }
+#endif
+}
+
+
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp(x) for 8 floats (Cephes' expf: range reduction by ln 2, a degree-5 polynomial); every element goes through
+// this same code, tails included (padded), so a value's exp never depends on where it sits.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(_mm256_mul_ps(y, x), x, _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// All-ones lanes where seen[j .. j + 7] is true.
+inline __m256 seen8(const bool* seen) {
+    int64_t bytes;
+    memcpy(&bytes, seen, 8);
+    const __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
+}
+#endif
+
+// row[j] = visible ? exp(row[j] - top) : 0 for j < total, top being the maximum over the visible keys. The exps
+// are computed eight at a time, a tail through a padded vector, so a value's exp never depends on where it sits.
+inline void softmax_numerators(float* row, const bool* seen, int64_t total) {
+#if defined(__AVX2__) && defined(__FMA__)
+    alignas(32) float pad[8];
+    alignas(1) bool pad_seen[8];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t full = total / 8 * 8;
+    __m256 best = ninf;
+    for (int64_t j = 0; j < full; j += 8)
+        best = _mm256_max_ps(best, _mm256_blendv_ps(ninf, _mm256_loadu_ps(row + j), seen8(seen + j)));
+    float top = -INFINITY;
+    for (int64_t j = full; j < total; ++j)
+        if (seen[j] && row[j] > top) top = row[j];
+    _mm256_store_ps(pad, best);
+    for (int i = 0; i < 8; ++i) top = std::max(top, pad[i]);
+    const __m256 vtop = _mm256_set1_ps(top);
+    for (int64_t j = 0; j < total; j += 8) {
+        const bool tail = j + 8 > total;
+        float* at = tail ? pad : row + j;
+        const bool* mask = tail ? pad_seen : seen + j;
+        if (tail) {
+            for (int64_t i = 0; i < 8; ++i) {
+                pad[i] = j + i < total ? row[j + i] : 0.f;
+                pad_seen[i] = j + i < total && seen[j + i];
+            }
+        }
+        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(at), vtop);
+        _mm256_storeu_ps(at, _mm256_and_ps(exp8(x), seen8(mask)));
+        if (tail)
+            for (int64_t i = 0; j + i < total; ++i) row[j + i] = pad[i];
+    }
+#else
+    float top = -INFINITY;
+    for (int64_t j = 0; j < total; ++j)
+        if (seen[j] && row[j] > top) top = row[j];
+    for (int64_t j = 0; j < total; ++j) row[j] = seen[j] ? std::exp(row[j] - top) : 0.f;
+#endif
+}
+
+}  // namespace
+
+// q [B, H, R, d] fp32 contiguous, rows ordered (group member, token): row r is token r % n.
+// keys, values [B, H, >= total, d] fp32, each row of d contiguous (a view of a KV cache).
+// visible: bool [B, n, total], or an empty tensor for causal visibility (token i sees keys 0 .. past + i).
+// Returns [B, H, R, d].
+torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
+                        int64_t n, int64_t past, double scale) {
+    TORCH_CHECK(q.scalar_type() == torch::kFloat && keys.scalar_type() == torch::kFloat &&
+                values.scalar_type() == torch::kFloat, "attention: fp32 tensors only");
+    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention: key and value rows must be contiguous");
+    q = q.contiguous();
+    const int64_t B = q.size(0), H = q.size(1), R = q.size(2), d = q.size(3), total = past + n;
+    TORCH_CHECK(d % 16 == 0, "attention: head size must be a multiple of 16");
+    TORCH_CHECK(R % n == 0 && keys.size(2) >= total && values.size(2) >= total, "attention: inconsistent shapes");
+    const bool causal = visible.numel() == 0;
+    torch::Tensor vis;
+    if (!causal) {
+        vis = visible.to(torch::kBool).contiguous();
+        TORCH_CHECK(vis.size(0) == B && vis.size(1) == n && vis.size(2) == total,
+                    "attention: visible is not [B, n, total]");
+    }
+    const bool* vp = causal ? nullptr : vis.data_ptr<bool>();
+    auto out = torch::empty_like(q);
+    auto probs = torch::empty({B, H, R, total}, q.options());
+    std::vector<float> sums(B * H * R);
+    const float* qp = q.data_ptr<float>();
+    const float* kp = keys.data_ptr<float>();
+    const float* valp = values.data_ptr<float>();
+    float* pp = probs.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
+    const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
+    const float fscale = static_cast<float>(scale);
+
+    // 1. Scores, key chunk by key chunk (each key read once for all rows of its head).
+    const int64_t chunks = (total + KEY_CHUNK - 1) / KEY_CHUNK;
+    at::parallel_for(0, B * H * chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+            const int64_t bh = w / chunks, c = w % chunks, b = bh / H, h = bh % H;
+            for (int64_t j = c * KEY_CHUNK; j < std::min(total, (c + 1) * KEY_CHUNK); ++j) {
+                const float* key = kp + b * ks0 + h * ks1 + j * ks2;
+                float score[4];
+                for (int64_t r0 = 0; r0 < R; r0 += 4) {
+                    const int64_t rows = std::min<int64_t>(4, R - r0);
+                    dots(qp + (bh * R + r0) * d, rows, key, d, score);
+                    for (int64_t r = 0; r < rows; ++r) pp[(bh * R + r0 + r) * total + j] = score[r] * fscale;
+                }
+            }
+        }
+    });
+    // 2. Per row: the maximum over visible keys, exp(score - max) (0 where masked), and their sum.
+    std::vector<uint8_t> causal_rows(causal ? n * total : 0);
+    for (int64_t i = 0; causal && i < n; ++i)
+        for (int64_t j = 0; j < total; ++j) causal_rows[i * total + j] = j <= past + i;
+    const bool* cp = causal ? reinterpret_cast<const bool*>(causal_rows.data()) : nullptr;
+    at::parallel_for(0, B * H * R, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+            const int64_t b = w / (H * R), i = (w % R) % n;
+            softmax_numerators(pp + w * total, causal ? cp + i * total : vp + (b * n + i) * total, total);
+        }
+    });
+    // Their sums, key by key: the one order that a one-token step and every tree node agree on (a masked key adds
+    // an exact zero). Four rows at a time, so that four independent chains of additions overlap.
+    at::parallel_for(0, (B * H * R + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin * 4; w < std::min(end * 4, B * H * R); w += 4) {
+            const int64_t rows = std::min<int64_t>(4, B * H * R - w);
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
+            const float* p = pp + w * total;
+            for (int64_t j = 0; j < total; ++j)
+                for (int64_t r = 0; r < 4; ++r)
+                    if (r < rows) s[r] += p[r * total + j];
+            for (int64_t r = 0; r < rows; ++r) sums[w + r] = s[r];
+        }
+    });
+    // 3. Outputs: sum_j p_j v_j in key order, split by head and by slices of 16 output dimensions, four rows at a
+    // time sharing each value slice (a masked key adds p = 0 exactly); then divided by the sum.
+    const int64_t slices = d / 16;
+    at::parallel_for(0, B * H * slices, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t w = begin; w < end; ++w) {
+            const int64_t bh = w / slices, s = w % slices, b = bh / H, h = bh % H;
+            const float* value = valp + b * vs0 + h * vs1 + s * 16;
+            for (int64_t r0 = 0; r0 < R; r0 += 4) {
+                const float* prob = pp + (bh * R + r0) * total;
+                float* o = op + (bh * R + r0) * d + s * 16;
+                switch (std::min<int64_t>(4, R - r0)) {
+                    case 1: weighted_sum16<1>(prob, total, value, vs2, total, o, d); break;
+                    case 2: weighted_sum16<2>(prob, total, value, vs2, total, o, d); break;
+                    case 3: weighted_sum16<3>(prob, total, value, vs2, total, o, d); break;
+                    default: weighted_sum16<4>(prob, total, value, vs2, total, o, d); break;
+                }
+            }
+            for (int64_t r = 0; r < R; ++r) {
+                float* o = op + (bh * R + r) * d + s * 16;
+                const float sum = sums[bh * R + r];
+                for (int64_t i = 0; i < 16; ++i) o[i] = sum > 0.f ? o[i] / sum : 0.f;
+            }
+        }
+    });
+    return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("attention", &attention, "Row-consistent attention (fp32, CPU)");
+}

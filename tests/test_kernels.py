@@ -1,0 +1,105 @@
+"""The row-consistent attention (gumiho/kernels/attention.cpp): torch's SDPA numbers, and a tree node's output equal,
+bit for bit, to a one-token step's on that node's path whatever else the tree holds."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gumiho import kernels
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+KV_HEADS, GROUP, D = 3, 3, 64
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = kernels.row_attention()
+    assert module is not None, "the kernel did not build (see the warning above)"
+    return module
+
+
+def tree_visibility(parents: list[int], past: int, batch: int = 1) -> torch.Tensor:
+    """[batch, n, past + n]: the prefix, and each node's ancestors and itself."""
+    n = len(parents)
+    visible = torch.zeros(batch, n, past + n, dtype=torch.bool)
+    visible[..., :past] = True
+    for i in range(n):
+        j = i
+        while j >= 0:
+            visible[:, i, past + j] = True
+            j = parents[j]
+    return visible
+
+
+def sdpa(q, keys, values, visible):
+    mask = torch.zeros(*visible.shape[:1], 1, q.shape[2], visible.shape[-1])
+    mask.masked_fill_(~visible.repeat(1, GROUP, 1)[:, None], float("-inf"))
+    total = visible.shape[-1]
+    return F.scaled_dot_product_attention(q, keys[:, :, :total], values[:, :, :total], attn_mask=mask)
+
+
+def cache(batch: int = 1, capacity: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, KV_HEADS, capacity, D, generator=g),
+            torch.randn(batch, KV_HEADS, capacity, D, generator=g))
+
+
+@pytest.mark.parametrize("past", [0, 1, 37, 300])
+@pytest.mark.parametrize("parents", [[-1], [-1, 0], [-1, 0, 0, 1], [-1, 0, 1, 2, 0, 4, 1]])
+def test_it_gives_sdpas_numbers_for_any_tree(kernel, past, parents):
+    keys, values = cache()
+    n = len(parents)
+    q = torch.randn(1, KV_HEADS, GROUP * n, D, generator=torch.Generator().manual_seed(past + n))
+    visible = tree_visibility(parents, past)
+    out = kernel.attention(q, keys, values, visible, n, past, D ** -0.5)
+    torch.testing.assert_close(out, sdpa(q, keys, values, visible), rtol=1e-5, atol=1e-5)
+
+
+def test_causal_steps_and_batches_with_masked_pads(kernel):
+    keys, values = cache(batch=2)
+    past, n = 20, 3
+    q = torch.randn(2, KV_HEADS, GROUP * n, D)
+    causal = torch.ones(2, n, past + n, dtype=torch.bool).tril(past)
+    out = kernel.attention(q, keys, values, torch.empty(0, dtype=torch.bool), n, past, D ** -0.5)
+    torch.testing.assert_close(out, sdpa(q, keys, values, causal), rtol=1e-5, atol=1e-5)
+    padded = causal.clone()
+    padded[1, :, :5] = False  # the second prompt was left-padded by five
+    out = kernel.attention(q, keys, values, padded, n, past, D ** -0.5)
+    torch.testing.assert_close(out, sdpa(q, keys, values, padded), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("past", [3, 129, 400])
+def test_a_tree_node_equals_the_one_token_step_on_its_path_bit_for_bit(kernel, past):
+    """Node 5's path is 0 -> 4 -> 5: a one-token step after accepting nodes 0 and 4 sees the prefix, then those two
+    at the next slots, then itself; the tree holds four other nodes between them."""
+    parents = [-1, 0, 1, 2, 0, 4, 1]
+    n = len(parents)
+    keys, values = cache(seed=past)
+    q = torch.randn(1, KV_HEADS, GROUP * n, D, generator=torch.Generator().manual_seed(past))
+    tree = kernel.attention(q, keys, values, tree_visibility(parents, past), n, past, D ** -0.5)
+    per_node = tree.view(1, KV_HEADS, GROUP, n, D)
+    for node in range(n):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        step_keys, step_values = keys.clone(), values.clone()
+        for depth, on_path in enumerate(path):
+            step_keys[:, :, past + depth] = keys[:, :, past + on_path]
+            step_values[:, :, past + depth] = values[:, :, past + on_path]
+        step_q = q.view(1, KV_HEADS, GROUP, n, D)[:, :, :, node].contiguous()
+        step = kernel.attention(step_q, step_keys, step_values, torch.empty(0, dtype=torch.bool), 1,
+                                past + len(path) - 1, D ** -0.5)
+        assert torch.equal(step, per_node[:, :, :, node]), node
+
+
+def test_it_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("GUMIHO_KERNELS", "0")
+    kernels.row_attention.cache_clear()
+    try:
+        assert kernels.row_attention() is None
+    finally:
+        monkeypatch.delenv("GUMIHO_KERNELS")
+        kernels.row_attention.cache_clear()
