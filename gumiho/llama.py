@@ -257,11 +257,11 @@ class LeanLlama:
         cos, sin = cos[:, :, None], sin[:, :, None]  # [b, n, 1, d]: one row per token, broadcast over heads
         if mask is None and n > 1:
             mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
-        # Query rows ordered (group member, token) under each KV head; the mask repeats per group member. Additive
-        # (0 / -inf) once here: SDPA would convert a boolean mask in every layer (1-2 ms a tree forward on a CPU),
-        # and gives the same result bit for bit.
         rows_kernel = self.row_attention if n <= ROW_ATTENTION_TOKENS and not prefill else None
-        visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)
+        visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)  # for rows_kernel
+        # For SDPA: query rows ordered (group member, token) under each KV head, so the mask repeats per group
+        # member; additive (0 / -inf) once here, since SDPA would convert a boolean mask in every layer (1-2 ms a
+        # tree forward on a CPU) and gives the same result bit for bit.
         attn_mask = None
         if mask is not None and rows_kernel is None:
             attn_mask = torch.zeros(b, 1, g * n, total, dtype=self.dtype, device=self.device)

@@ -22,7 +22,6 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("attention.cpp")
-CACHE = Path(os.environ.get("GUMIHO_CACHE", Path.home() / ".cache" / "gumiho")) / "kernels"
 
 
 def _flags(capability: str) -> list[str]:
@@ -35,9 +34,11 @@ def row_attention() -> ModuleType | None:
     """The compiled kernel module (its `attention(q, keys, values, visible, n, past, scale)`), or None."""
     if os.environ.get("GUMIHO_KERNELS", "1") == "0":
         return None
+    from ..target import cache_root  # not at import time: target.py imports llama.py, which imports this
+
     capability = torch.backends.cpu.get_cpu_capability()
     digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    folder = CACHE / f"attention-{digest}-{capability.lower()}"
+    folder = cache_root() / "kernels" / f"attention-{digest}-{capability.lower()}"
     try:
         from torch.utils.cpp_extension import load
 

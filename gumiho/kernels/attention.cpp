@@ -66,7 +66,7 @@ inline void dots(const float* q, int64_t rows, const float* key, int64_t d, floa
     }
 }
 
-// acc[r] += sum_j p[r * stride + j] * value[j * vstride + 0 .. 15] over keys j in order, for ROWS rows.
+// out[r * ostride + 0 .. 15] = sum_j p[r * stride + j] * value[j * vstride + 0 .. 15], keys j in order, ROWS rows.
 template <int ROWS>
 inline void weighted_sum16(const float* p, int64_t stride, const float* value, int64_t vstride, int64_t total,
                            float* out, int64_t ostride) {
@@ -95,8 +95,6 @@ inline void weighted_sum16(const float* p, int64_t stride, const float* value, i
 #endif
 }
 
-
-
 #if defined(__AVX2__) && defined(__FMA__)
 // exp(x) for 8 floats (Cephes' expf: range reduction by ln 2, a degree-5 polynomial); every element goes through
 // this same code, tails included (padded), so a value's exp never depends on where it sits.
@@ -115,9 +113,7 @@ inline __m256 exp8(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
-#endif
 
-#if defined(__AVX2__) && defined(__FMA__)
 // All-ones lanes where seen[j .. j + 7] is true.
 inline __m256 seen8(const bool* seen) {
     int64_t bytes;
