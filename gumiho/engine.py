@@ -256,7 +256,7 @@ class Run:
                 prefix = torch.ones(tree.size, prefix_len, dtype=torch.bool, device=device)
                 mask = torch.cat([prefix, tree.mask], 1)[None, None]
             features = target.features(tree.tokens, cache, tree.position_ids + prefix_len, mask)
-            logits = LazyLogits(features, target.logits)  # rows computed as the acceptance walk reads them
+            logits = LazyLogits(features, target.logits, target.head_batches)  # rows computed as the walk reads them
             acceptance, joint = self._accept(tree, logits, pool, generator)
             sync_device(device)
             t2 = time.perf_counter()

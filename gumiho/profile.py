@@ -9,7 +9,8 @@ packing):
 
   verify_ms   one target forward over n tree tokens (tree mask) + one lm_head row + argmax, for n in SIZES, on
               top of a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
-  head_ms     one more lm_head row (a greedy verification reads one per accepted token: verify.LazyLogits);
+  head_ms     one more lm_head row (a greedy verification reads one per accepted token: verify.LazyLogits), or
+              what a second row adds to a product where the head computes rows together (8-bit blocks);
   draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix;
   small_draft_ms  the same for the sizes too small to keep a dynamic drafter's deeper nodes (it stops drafting
               there: `TreeSettings.drafted_depth`), for each such size.
@@ -44,8 +45,8 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 5  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
-# 5: top_k 1 and 2, size 3 and 6, small trees' drafts
+VERSION = 6  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+# 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
@@ -379,15 +380,22 @@ def widest_tree(method: str, top_k: int) -> TreeSettings:
 
 @torch.inference_mode()
 def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> float:
-    """One lm_head row (after a warm-up call)."""
-    times = []
-    for _ in range(repeats + 1):
-        _sync(target.device)
-        start = time.perf_counter()
-        target.logits(feature).argmax(-1).tolist()
-        _sync(target.device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return low(times[1:])
+    """What one more lm_head row costs a verification (after a warm-up call): a one-row product, or where the
+    head computes rows together (`Target.head_batches`) what a second row adds to a product."""
+
+    def timed(rows: torch.Tensor) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            _sync(target.device)
+            start = time.perf_counter()
+            target.logits(rows).argmax(-1).tolist()
+            _sync(target.device)
+            times.append((time.perf_counter() - start) * 1e3)
+        return low(times[1:])
+
+    if target.head_batches:
+        return max(0.0, timed(feature.expand(2, -1)) - timed(feature))
+    return timed(feature)
 
 
 def low(values: list[float]) -> float:

@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from .errors import GumihoError
 from .gguf_blocks import q4_1_blocks
-from .int4 import CastMatrix, Int4Matrix, int4_available, quantize_linears
+from .int4 import CastMatrix, Int4Matrix, Q8Matrix, int4_available, quantize_linears
 from .drafters.layers import DraftTransformer, fuse_projections
+from .kernels import q8_matmul
 from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
@@ -153,7 +154,8 @@ class Target:
     `forward` picks how the decoder runs: "lean" (`llama.LeanLlama`, a pre-allocated KV cache; Llama-family models
     only) or "transformers" (the model's own forward, the reference). `pack`: oneDNN-packed fp32 matmuls on CPU.
     `int4`: the lean forward with 4-bit weights (int4.py; the default model's own GGUF blocks), CPU only; the
-    lm_head then runs in fp16, `dtype` (fp32) is that of everything else, and `pack` applies to the drafters. A
+    lm_head then runs in 8-bit blocks (`int4.Q8Matrix`; fp16 where that kernel cannot build), `dtype` (fp32) is
+    that of everything else, and `pack` applies to the drafters. A
     long prompt's prefill takes the float weights where that is measured faster (`LeanLlama.prefill_layers`).
     """
 
@@ -184,7 +186,8 @@ class Target:
                                   "has the int4 kernel")
             blocks = default_q4_1_blocks(self.model.config) if self.name == DEFAULT_MODEL else {}
             self._lean = LeanLlama(self.model, int4=blocks)
-            self._head = CastMatrix(self.head_weight, torch.float16)
+            kernel = q8_matmul()
+            self._head = Q8Matrix(self.head_weight, kernel) if kernel else CastMatrix(self.head_weight, torch.float16)
             return
         self._lean = LeanLlama(self.model, pack=self.pack) if self.forward == "lean" else None
         if self._lean is None and self.pack:
@@ -274,6 +277,12 @@ class Target:
         elif self.pack:
             pack_linears(drafter)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
         return drafter.eval()
+
+    @property
+    def head_batches(self) -> bool:
+        """Whether the lm_head computes a row the same way in a product of several rows, at little more than one
+        row's cost (8-bit blocks): a verification may then compute its likeliest path's rows together."""
+        return isinstance(self._head, Q8Matrix)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self._head(features).float()

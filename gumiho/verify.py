@@ -22,16 +22,21 @@ from .sampling import SamplingConfig, probabilities, sample
 from .tree import DraftTree
 
 
+PREFETCH_ROWS = 4  # the most rows a greedy walk computes in one head product (`LazyLogits.together`)
+
+
 class LazyLogits:
     """The target's logits over a verified tree, one row computed when first read.
 
     A greedy walk reads only the rows of the accepted path and the node after it (tau rows, not the tree's n), and
     the lm_head of a small model is a large share of a verification on a CPU. Each row is its own one-row product,
-    exactly as in an AR step, so the walk decides every token as AR would. `full()` gives every row at once (for
+    exactly as in an AR step, so the walk decides every token as AR would. `together`: the head computes a row the
+    same way in a product of several, and such a product costs little more than one row (int4.Q8Matrix); the
+    walk then reads the draft's likeliest path in one product (`prefetch`). `full()` gives every row at once (for
     what needs them all: FTA's paths, MJSD's joint test, Token Recycling's table)."""
 
-    def __init__(self, features: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]):
-        self.features, self.head = features, head
+    def __init__(self, features: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], together: bool = False):
+        self.features, self.head, self.together = features, head, together
         self.rows: dict[int, torch.Tensor] = {}
         self._full: torch.Tensor | None = None
 
@@ -44,6 +49,13 @@ class LazyLogits:
         if node not in self.rows:
             self.rows[node] = self.head(self.features[node : node + 1])[0]
         return self.rows[node]
+
+    def prefetch(self, nodes: list[int]) -> None:
+        """Compute the rows of `nodes` not computed yet, in one product."""
+        missing = [node for node in nodes if node not in self.rows] if self._full is None else []
+        if missing:
+            for node, row in zip(missing, self.head(self.features[missing])):
+                self.rows[node] = row
 
     def full(self) -> torch.Tensor:
         if self._full is None:
@@ -85,6 +97,11 @@ def walk_greedy(tree: DraftTree, logits: LazyLogits) -> Acceptance:
     as `verify_greedy` on a tree whose siblings are distinct tokens (every drafter's), reading only that path's
     rows."""
     children, tokens = tree.children(), tree.tokens.tolist()
+    if logits.together:  # the root and the draft's likeliest path below it, in one product
+        likeliest = [0]
+        while children[likeliest[-1]] and len(likeliest) < PREFETCH_ROWS:
+            likeliest.append(max(children[likeliest[-1]], key=lambda c: tree.scores[c]))
+        logits.prefetch(likeliest)
     node, nodes = 0, [0]
     while True:
         predicted = int(logits[node].argmax())

@@ -77,6 +77,21 @@ def test_greedy_speculation_equals_int4_ar_on_tiny_models():
     assert accepted > 20  # drafts were accepted, so the comparison covered multi-token cycles
 
 
+def test_without_the_kernels_the_head_is_fp16_and_speculation_still_equals_ar(monkeypatch):
+    """GUMIHO_KERNELS=0 (or no compiler): the head falls back to an fp16 product read one row at a time, and on a
+    tiny model (where no near-tie is at stake) greedy speculation still equals int4 AR."""
+    import gumiho.target
+    from gumiho.int4 import CastMatrix
+
+    monkeypatch.setattr(gumiho.target, "q8_matmul", lambda: None)
+    engine = tiny_int4_engine(0)
+    assert isinstance(engine.target._head, CastMatrix) and not engine.target.head_batches
+    ids = list(range(2, 11))
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=20), prompt_ids=ids)
+    run = engine.generate("", "gumiho", GenerationConfig(max_new_tokens=20), prompt_ids=ids)
+    assert run.token_ids == ar.token_ids
+
+
 def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_follows_ar(monkeypatch):
     """Where the machine measures float products faster for many rows, the prompt takes them: its features are
     those of the model's float weights (close to, not equal to, the 4-bit ones), and since AR and speculation share
@@ -169,6 +184,24 @@ def test_the_default_models_gguf_blocks_are_its_weights(default_blocks):
             assert torch.equal(dequantized, weights.get_tensor(name + ".weight")), name
 
 
+def test_the_default_models_head_is_made_into_its_own_q8_0_blocks(default_blocks):
+    """The tied embedding, stored as Q8_0 in the GGUF, is re-made into 8-bit blocks that dequantize to exactly the
+    weight transformers converted: the int4 path's head is the file's own."""
+    import shutil
+
+    from safetensors import safe_open
+
+    from gumiho.int4 import Q8Matrix
+    from gumiho.kernels import q8_matmul
+
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler to build the 8-bit head")
+    folder, _ = default_blocks
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        embedding = weights.get_tensor("model.embed_tokens.weight")
+    assert torch.equal(Q8Matrix(embedding, q8_matmul()).dequantized(), embedding)
+
+
 def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
     """Token for token: the 4-bit products compute each row alike whatever their number, and so does the
     row-consistent attention (kernels/), so a verified tree's rows are bit for bit the one-token steps' features.
@@ -181,7 +214,7 @@ def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
         pytest.skip("no C++ compiler to build the row-consistent attention")
     engine = build_engine(threads=2, dtype="int4", trees="default")
     target = engine.target
-    assert target.int4 and target.attention == "row-consistent"
+    assert target.int4 and target.attention == "row-consistent" and target.head_batches
     # a tree with two branches after a prompt: each node's features are those of a one-token step on its path
     prompt = torch.tensor(target.encode_prompt("Name three colours."))
     past = len(prompt)

@@ -1,10 +1,13 @@
 """Small C++ kernels, compiled on first use with torch's extension builder and cached per machine.
 
-`row_attention()` returns the compiled row-consistent attention (attention.cpp), or None where it cannot be built
-(no C++ compiler, or GUMIHO_KERNELS=0): callers then use torch's SDPA, which is as fast but rounds a tree's rows
-differently from a one-token step's. The build takes about a minute once; it lands in
-~/.cache/gumiho/kernels/<source hash>-<cpu capability>, so a machine with another instruction set, or another
-version of the source, builds its own.
+- `row_attention()`: the row-consistent attention (attention.cpp) for decode steps and trees.
+- `q8_matmul()`: products with a matrix in 8-bit blocks of 32 (q8_matmul.cpp), the int4 path's lm_head.
+
+Each returns the compiled module, or None where it cannot be built (no C++ compiler, or GUMIHO_KERNELS=0): callers
+then use torch's own operations (SDPA, an fp16 product), as fast or slower, which round a tree's rows differently
+from a one-token step's. A build takes about a minute once; it lands in
+~/.cache/gumiho/kernels/<name>-<source hash>-<cpu capability>, so a machine with another instruction set, or
+another version of the source, builds its own.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from types import ModuleType
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("attention.cpp")
+HERE = Path(__file__).parent
 
 
 def _flags(capability: str) -> list[str]:
@@ -29,25 +32,38 @@ def _flags(capability: str) -> list[str]:
     return ["-O3", *vector]
 
 
-@lru_cache(maxsize=None)
-def row_attention() -> ModuleType | None:
-    """The compiled kernel module (its `attention(q, keys, values, visible, n, past, scale)`), or None."""
+def _build(name: str) -> ModuleType | None:
+    """The compiled `<name>.cpp` of this folder, or None (with one warning saying why)."""
     if os.environ.get("GUMIHO_KERNELS", "1") == "0":
         return None
     from ..target import cache_root  # not at import time: target.py imports llama.py, which imports this
 
+    source = HERE / f"{name}.cpp"
     capability = torch.backends.cpu.get_cpu_capability()
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    folder = cache_root() / "kernels" / f"attention-{digest}-{capability.lower()}"
+    digest = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    folder = cache_root() / "kernels" / f"{name}-{digest}-{capability.lower()}"
     try:
         from torch.utils.cpp_extension import load
 
         folder.mkdir(parents=True, exist_ok=True)
         if shutil.which("ninja") is None:  # pip's ninja sits beside this Python, off PATH unless the venv is active
             os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return load(name=f"gumiho_attention_{digest}", sources=[str(SOURCE)], extra_cflags=_flags(capability),
+        return load(name=f"gumiho_{name}_{digest}", sources=[str(source)], extra_cflags=_flags(capability),
                     build_directory=str(folder), verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: fall back, and say why once
-        log.warning("row-consistent attention unavailable (%s): using torch's SDPA, which rounds a tree's rows "
-                    "differently from a one-token step's", str(error).splitlines()[0] if str(error) else error)
+        log.warning("the %s kernel is unavailable (%s): using torch's own operations, which round a tree's rows "
+                    "differently from a one-token step's", name,
+                    str(error).splitlines()[0] if str(error) else error)
         return None
+
+
+@lru_cache(maxsize=None)
+def row_attention() -> ModuleType | None:
+    """The compiled attention (its `attention(q, keys, values, visible, n, past, scale)`), or None."""
+    return _build("attention")
+
+
+@lru_cache(maxsize=None)
+def q8_matmul() -> ModuleType | None:
+    """The compiled 8-bit block product (its `q8_matmul(x, q, d)`), or None."""
+    return _build("q8_matmul")
