@@ -22,7 +22,7 @@ from .sampling import SamplingConfig, probabilities, sample
 from .tree import DraftTree
 
 
-PREFETCH_ROWS = 4  # the most rows a greedy walk computes in one head product (`LazyLogits.together`)
+PREFETCH_ROWS = 4  # the most rows an acceptance walk computes in one head product (`LazyLogits.together`)
 
 
 class LazyLogits:
@@ -92,16 +92,22 @@ def _per_path(tree: DraftTree, nodes: list[int]) -> list[int]:
     return counts
 
 
+def _prefetch_likeliest(tree: DraftTree, children: list[list[int]], logits: LazyLogits | torch.Tensor) -> None:
+    """Where the head computes rows together, the root and the draft's likeliest path below it (the best-scored
+    child at each depth) in one product: the rows a walk most likely reads."""
+    if isinstance(logits, LazyLogits) and logits.together:
+        likeliest = [0]
+        while children[likeliest[-1]] and len(likeliest) < PREFETCH_ROWS:
+            likeliest.append(max(children[likeliest[-1]], key=lambda c: tree.scores[c]))
+        logits.prefetch(likeliest)
+
+
 def walk_greedy(tree: DraftTree, logits: LazyLogits) -> Acceptance:
     """From the root, follow the child whose token is the target's argmax until none is: the same path and bonus
     as `verify_greedy` on a tree whose siblings are distinct tokens (every drafter's), reading only that path's
     rows."""
     children, tokens = tree.children(), tree.tokens.tolist()
-    if logits.together:  # the root and the draft's likeliest path below it, in one product
-        likeliest = [0]
-        while children[likeliest[-1]] and len(likeliest) < PREFETCH_ROWS:
-            likeliest.append(max(children[likeliest[-1]], key=lambda c: tree.scores[c]))
-        logits.prefetch(likeliest)
+    _prefetch_likeliest(tree, children, logits)
     node, nodes = 0, [0]
     while True:
         predicted = int(logits[node].argmax())
@@ -130,10 +136,11 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
 
 
 def verify_sampling(
-    tree: DraftTree, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator
+    tree: DraftTree, logits: torch.Tensor | LazyLogits, cfg: SamplingConfig, generator: torch.Generator
 ) -> Acceptance:
     children = tree.children()
     tokens = tree.tokens.tolist()
+    _prefetch_likeliest(tree, children, logits)
     node, nodes = 0, [0]
     probs: dict[int, torch.Tensor] = {}
     tests: dict[int, tuple[float, float]] = {}

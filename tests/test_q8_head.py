@@ -12,7 +12,8 @@ import torch
 from gumiho import kernels
 from gumiho.int4 import GROUP, Q8Matrix
 from gumiho.tree import DraftPool, build_tree
-from gumiho.verify import PREFETCH_ROWS, LazyLogits, walk_greedy
+from gumiho.sampling import SamplingConfig
+from gumiho.verify import PREFETCH_ROWS, LazyLogits, verify_sampling, walk_greedy
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
 
@@ -70,6 +71,23 @@ class CountingHead:
         return self.matrix(features)
 
 
+def chain_tree(matrix: Q8Matrix, features: torch.Tensor, vocab: int):
+    """Root, two depth-1 nodes, then a chain of five under the better one whose first two tokens are the target's
+    argmax (tree node = pool index + 1)."""
+    predicted = matrix(features).argmax(-1).tolist()
+    pool = DraftPool()
+    pool.add(torch.tensor([predicted[0], (predicted[0] + 1) % vocab]), torch.tensor([-1, -1]),
+             torch.tensor([-0.1, -2.0]), "gumiho", 1)
+    parent = 0
+    for depth in range(2, 7):
+        token = predicted[parent + 1] + (0 if depth <= 3 else 1)
+        parent = int(pool.add(torch.tensor([token % vocab]), torch.tensor([parent]), torch.tensor([-0.1 * depth]),
+                              "gumiho", depth)[0])
+    tree = build_tree(predicted[0], pool, total_tokens=8)
+    assert tree.parents == [-1, 0, 0, 1, 3, 4, 5, 6]
+    return tree
+
+
 def test_the_greedy_walk_reads_the_likeliest_path_in_one_product_and_decides_as_one_row_walks_do(kernel):
     """A chain of six draft tokens under the root, and a sibling: with `together`, the root and the likeliest
     path's first PREFETCH_ROWS - 1 nodes are one product; the accepted path, the bonus token and every row read
@@ -78,17 +96,7 @@ def test_the_greedy_walk_reads_the_likeliest_path_in_one_product_and_decides_as_
     g = torch.Generator().manual_seed(2)
     matrix = Q8Matrix(torch.randn(vocab, hidden, generator=g), kernel)
     features = torch.randn(8, hidden, generator=g)
-    predicted = matrix(features).argmax(-1).tolist()
-    pool = DraftPool()  # tree node = pool index + 1 (the root is node 0)
-    pool.add(torch.tensor([predicted[0], (predicted[0] + 1) % vocab]), torch.tensor([-1, -1]),
-             torch.tensor([-0.1, -2.0]), "gumiho", 1)
-    parent = 0  # the likeliest path follows the target's argmax for three tokens, then leaves it
-    for depth in range(2, 7):
-        token = predicted[parent + 1] + (0 if depth <= 3 else 1)
-        parent = int(pool.add(torch.tensor([token % vocab]), torch.tensor([parent]), torch.tensor([-0.1 * depth]),
-                              "gumiho", depth)[0])
-    tree = build_tree(predicted[0], pool, total_tokens=8)
-    assert tree.parents == [-1, 0, 0, 1, 3, 4, 5, 6]
+    tree = chain_tree(matrix, features, vocab)
     one_row, together = CountingHead(matrix), CountingHead(matrix)
     alone = walk_greedy(tree, LazyLogits(features, one_row))
     joint_logits = LazyLogits(features, together, together=True)
@@ -100,3 +108,20 @@ def test_the_greedy_walk_reads_the_likeliest_path_in_one_product_and_decides_as_
     rows, values = joint_logits.computed()
     for node, row in zip(rows, values):
         assert torch.equal(row, matrix(features[node : node + 1])[0]), node
+
+
+def test_the_sampling_walk_reads_the_same_rows_and_draws_the_same_tokens_with_one_product(kernel):
+    vocab, hidden = 40, 2 * GROUP
+    g = torch.Generator().manual_seed(3)
+    matrix = Q8Matrix(torch.randn(vocab, hidden, generator=g), kernel)
+    features = torch.randn(8, hidden, generator=g)
+    tree = chain_tree(matrix, features, vocab)
+    sampling = SamplingConfig(temperature=0.8)
+    for seed in range(5):
+        alone = verify_sampling(tree, LazyLogits(features, CountingHead(matrix)), sampling,
+                                torch.Generator().manual_seed(seed))
+        together = CountingHead(matrix)
+        joint = verify_sampling(tree, LazyLogits(features, together, together=True), sampling,
+                                torch.Generator().manual_seed(seed))
+        assert (joint.nodes, joint.bonus, joint.tests) == (alone.nodes, alone.bonus, alone.tests), seed
+        assert together.calls[0] == PREFETCH_ROWS
