@@ -2,6 +2,7 @@
 
 - `row_attention()`: the row-consistent attention (attention.cpp) for decode steps and trees.
 - `q8_matmul()`: products with a matrix in 8-bit blocks of 32 (q8_matmul.cpp), the int4 path's lm_head.
+Both include simd.h, whose bytes enter each build's hash.
 
 Each returns the compiled module, or None where it cannot be built (no C++ compiler, or GUMIHO_KERNELS=0): callers
 then use torch's own operations (SDPA, an fp16 product), as fast or slower, which round a tree's rows differently
@@ -40,7 +41,8 @@ def _build(name: str) -> ModuleType | None:
 
     source = HERE / f"{name}.cpp"
     capability = torch.backends.cpu.get_cpu_capability()
-    digest = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    shared = b"".join(header.read_bytes() for header in sorted(HERE.glob("*.h")))
+    digest = hashlib.sha256(source.read_bytes() + shared + torch.__version__.encode()).hexdigest()[:12]
     folder = cache_root() / "kernels" / f"{name}-{digest}-{capability.lower()}"
     try:
         from torch.utils.cpp_extension import load

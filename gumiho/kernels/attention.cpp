@@ -15,9 +15,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
@@ -32,15 +30,6 @@ constexpr int64_t WORK_PER_THREAD = int64_t(1) << 21;
 inline int64_t grain(int64_t units, int64_t work) {
     return std::max<int64_t>(1, units * WORK_PER_THREAD / std::max<int64_t>(work, 1));
 }
-
-#if defined(__AVX2__) && defined(__FMA__)
-inline float hsum8(__m256 s) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-#endif
 
 // out[r] = sum_i q[r][i] * key[i] for ROWS query rows of length d (a multiple of 16 on AVX2), each dot product
 // always computed by the same operations in the same order (two partial sums over strides of 16, then a fixed
