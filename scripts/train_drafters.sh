@@ -48,6 +48,10 @@ CACHE=${CACHE:-cache/train}
 RUNS=${RUNS:-runs}
 DEST=${DEST:-$RUNS/shipped}           # fp16 drafter folders with model cards
 
+# Gumiho's seven heads each hold logits and teacher distributions over the draft vocabulary: at 32k-token batches
+# an 80 GB GPU ran out of memory with 31 GB reserved but unallocated (an H100, 2026-11-26); growable segments
+# avoid that fragmentation (ignored on a CPU).
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 data=(${SHAREGPT:+--data "$SHAREGPT"})
 common=(--dtype "$DTYPE" $MODEL_ARGS)
 start=$(date +%s)
