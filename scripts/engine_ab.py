@@ -13,12 +13,13 @@ import subprocess
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.utils.cpp_extension import load
 
-from gumiho.engine import GenerationConfig
+from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import CastMatrix
 from gumiho.loader import build_engine
 from gumiho.prompts import read_prompt_file
@@ -44,39 +45,35 @@ def one_row_ms(head, width: int) -> float:
     return sorted(times)[len(times) // 4] * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=3, help="first prompts of each set")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--previous", default="f562051", help="the commit whose attention kernel is 'previous'")
-    parser.add_argument("--methods", nargs="+", default=["ar", "lookup", "gumiho", "eagle2"])
-    args = parser.parse_args()
-    engine = build_engine(threads=2)
-    target, lean, cost = engine.target, engine.target._lean, engine.choice.cost
-    fp16 = CastMatrix(target.head_weight, torch.float16)
-    with tempfile.TemporaryDirectory() as folder:
-        variants = {"previous": (fp16, previous_attention(args.previous, Path(folder)),
-                                 one_row_ms(fp16, target.head_weight.shape[1])),
-                    "this": (target._head, lean.row_attention, cost.head_ms)}
-        prompts = [(name, r.turns[0]) for name in SETS
-                   for r in read_prompt_file(ROOT / "data" / "benchmarks" / f"{name}.jsonl", limit=args.prompts)]
-        config = GenerationConfig(max_new_tokens=args.tokens)
-        runs, tokens = defaultdict(list), {}
-        for name, prompt in prompts:
-            for variant, (head, attention, head_ms) in variants.items():
-                target._head, lean.row_attention, cost.head_ms = head, attention, head_ms
-                for method in args.methods:
-                    start = time.perf_counter()
-                    trace = engine.generate(prompt, method, config)
-                    speed = trace.new_tokens / (time.perf_counter() - start)
-                    runs[(variant, method, name)].append((speed, (trace.new_tokens - 1) / trace.cycles))
-                    tokens[(variant, method, prompt)] = trace.token_ids
-    print("| engine | method | " + " | ".join(SETS) + " | mean over AR | tokens/s | τ |")
-    print("|---" * (len(SETS) + 5) + "|")
+def benchmark_prompts(count: int) -> list[tuple[str, str]]:
+    """(set name, first turn) of the first `count` prompts of each benchmark set."""
+    return [(name, r.turns[0]) for name in SETS
+            for r in read_prompt_file(ROOT / "data" / "benchmarks" / f"{name}.jsonl", limit=count)]
+
+
+def interleave(variants: dict[str, Callable[[], Engine]], methods: list[str], prompts: list[tuple[str, str]],
+               tokens: int) -> None:
+    """For each prompt, every variant (its callable sets it up and returns the engine to run), AR and each method;
+    prints each method's speed over its own variant's AR per set, tokens/s and tau, as a markdown table."""
+    config = GenerationConfig(max_new_tokens=tokens)
+    methods = ["ar", *[m for m in methods if m != "ar"]]
+    runs, outputs = defaultdict(list), {}
+    for name, prompt in prompts:
+        for variant, setup in variants.items():
+            engine = setup()
+            for method in methods:
+                start = time.perf_counter()
+                trace = engine.generate(prompt, method, config)
+                speed = trace.new_tokens / (time.perf_counter() - start)
+                runs[(variant, method, name)].append((speed, (trace.new_tokens - 1) / trace.cycles))
+                outputs[(variant, method, prompt)] = trace.token_ids
+    sets = list(dict.fromkeys(name for name, _ in prompts))
+    print("| variant | method | " + " | ".join(sets) + " | mean over AR | tokens/s | τ |")
+    print("|---" * (len(sets) + 5) + "|")
     for variant in variants:
-        for method in args.methods:
+        for method in methods:
             cells, ratios, speeds, taus = [], [], [], []
-            for name in SETS:
+            for name in sets:
                 ar = [speed for speed, _ in runs[(variant, "ar", name)]]
                 mine = runs[(variant, method, name)]
                 ratio = [speed / base for (speed, _), base in zip(mine, ar)]
@@ -86,8 +83,32 @@ def main() -> None:
                 cells.append(f"{statistics.mean(ratio):.2f}x")
             print(f"| {variant} | {method} | " + " | ".join(cells) +
                   f" | {statistics.mean(ratios):.2f}x | {statistics.mean(speeds):.1f} | {statistics.mean(taus):.2f} |")
-    same = all(tokens[(v, m, p)] == tokens[(v, "ar", p)] for v in variants for m in args.methods for _, p in prompts)
-    print("every output equal to its engine's AR:", same)
+    same = all(outputs[(v, m, p)] == outputs[(v, "ar", p)] for v in variants for m in methods for _, p in prompts)
+    print("every output equal to its variant's AR:", same)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=3, help="first prompts of each set")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--previous", default="f562051", help="the commit whose attention kernel is 'previous'")
+    parser.add_argument("--methods", nargs="+", default=["lookup", "gumiho", "eagle2"])
+    args = parser.parse_args()
+    engine = build_engine(threads=2)
+    target, lean, cost = engine.target, engine.target._lean, engine.choice.cost
+    fp16 = CastMatrix(target.head_weight, torch.float16)
+
+    def kernels(head, attention, head_ms) -> Callable[[], Engine]:
+        def setup() -> Engine:
+            target._head, lean.row_attention, cost.head_ms = head, attention, head_ms
+            return engine
+        return setup
+
+    with tempfile.TemporaryDirectory() as folder:
+        variants = {"previous": kernels(fp16, previous_attention(args.previous, Path(folder)),
+                                        one_row_ms(fp16, target.head_weight.shape[1])),
+                    "this": kernels(target._head, lean.row_attention, cost.head_ms)}
+        interleave(variants, args.methods, benchmark_prompts(args.prompts), args.tokens)
 
 
 if __name__ == "__main__":
