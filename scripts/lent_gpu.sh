@@ -68,7 +68,9 @@ start() {
     mkdir -p cache && xz -dc .gpu/p2/sharegpt-subset.jsonl.xz > cache/sharegpt-subset.jsonl
     export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
     echo $(( $(date +%s) + seconds )) > /tmp/end
-    INIT=assets/drafters SHAREGPT=cache/sharegpt-subset.jsonl CONVERSATIONS=6000 TURNS=3 MAX_PROMPT_LEN=1024 \
+    # CONVERSATIONS: every conversation `pack` chose (the held-out lines count too, but the train split has fewer).
+    INIT=assets/drafters SHAREGPT=cache/sharegpt-subset.jsonl CONVERSATIONS=$(wc -l < cache/sharegpt-subset.jsonl) \
+        TURNS=3 MAX_PROMPT_LEN=1024 \
         SHARD=512 LR=2e-4 WARMUP=50 BATCH_TOKENS=16384 UNROLL_EAGLE2=2 GEN_S=${GEN_S:-250} END="$(cat /tmp/end)" \
         RESERVE_S=90 PY=$PY setsid nohup bash scripts/train_drafters.sh > /tmp/round.log 2>&1 < /dev/null &
     echo "round started; it ends within $seconds s"
@@ -85,7 +87,6 @@ restore() {
 }
 
 finish() {
-    export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
     local end
     end=$(cat /tmp/end)
     while pgrep -f train_drafters.sh > /dev/null && [ "$(date +%s)" -lt $(( end + 15 )) ]; do sleep 5; done
