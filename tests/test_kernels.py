@@ -1,7 +1,10 @@
 """The row-consistent attention (gumiho/kernels/attention.cpp): torch's SDPA numbers, and a tree node's output equal,
 bit for bit, to a one-token step's on that node's path whatever else the tree holds."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -105,3 +108,19 @@ def test_the_kernels_can_be_switched_off(monkeypatch):
         monkeypatch.delenv("GUMIHO_KERNELS")
         for build in (kernels.row_attention, kernels.q8_matmul):
             build.cache_clear()
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["built", "to-link"])
+def test_a_lock_left_by_a_build_that_died_stops_no_later_process(kernel, tmp_path, built):
+    """torch's lock file outlives a process killed mid-build; the next process must neither wait on it nor fail."""
+    folder, module = kernels.build_folder("attention")
+    copy = tmp_path / "kernels" / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*lock"))
+    (copy / "lock").touch()  # what the dead process left
+    if not built:
+        (copy / f"{module}.so").unlink()  # its object file is kept: a link, seconds, not a compile
+    script = "from gumiho import kernels; assert kernels.row_attention() is not None"
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "GUMIHO_CACHE": str(tmp_path)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "unavailable" not in done.stderr and (copy / f"{module}.so").is_file()

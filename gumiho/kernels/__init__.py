@@ -9,11 +9,17 @@ then use torch's own operations (SDPA, an fp16 product), as fast or slower, whic
 from a one-token step's. A build takes about a minute once; it lands in
 ~/.cache/gumiho/kernels/<name>-<source hash>-<cpu capability>, so a machine with another instruction set, or
 another version of the source, builds its own.
+
+A built kernel is imported straight from its folder. A build runs under an OS file lock, which dies with its process;
+torch's own lock file does not, and a process killed mid-build (a stopped server, a timed-out command) would leave
+every later one waiting on it forever, so a build clears that file once it holds the OS lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -33,25 +39,48 @@ def _flags(capability: str) -> list[str]:
     return ["-O3", *vector]
 
 
+def _import_built(module: str, folder: Path) -> ModuleType | None:
+    """The already built extension `module` in `folder`, or None where it is not built yet."""
+    path = folder / f"{module}.so"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(module, path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def build_folder(name: str) -> tuple[Path, str]:
+    """Where `<name>.cpp` is built on this machine, and the name of its extension module."""
+    from ..target import cache_root  # not at import time: target.py imports llama.py, which imports this
+
+    source = HERE / f"{name}.cpp"
+    shared = b"".join(header.read_bytes() for header in sorted(HERE.glob("*.h")))
+    digest = hashlib.sha256(source.read_bytes() + shared + torch.__version__.encode()).hexdigest()[:12]
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    return cache_root() / "kernels" / f"{name}-{digest}-{capability}", f"gumiho_{name}_{digest}"
+
+
 def _build(name: str) -> ModuleType | None:
     """The compiled `<name>.cpp` of this folder, or None (with one warning saying why)."""
     if os.environ.get("GUMIHO_KERNELS", "1") == "0":
         return None
-    from ..target import cache_root  # not at import time: target.py imports llama.py, which imports this
-
+    folder, module = build_folder(name)
     source = HERE / f"{name}.cpp"
     capability = torch.backends.cpu.get_cpu_capability()
-    shared = b"".join(header.read_bytes() for header in sorted(HERE.glob("*.h")))
-    digest = hashlib.sha256(source.read_bytes() + shared + torch.__version__.encode()).hexdigest()[:12]
-    folder = cache_root() / "kernels" / f"{name}-{digest}-{capability.lower()}"
     try:
-        from torch.utils.cpp_extension import load
-
         folder.mkdir(parents=True, exist_ok=True)
-        if shutil.which("ninja") is None:  # pip's ninja sits beside this Python, off PATH unless the venv is active
-            os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return load(name=f"gumiho_{name}_{digest}", sources=[str(source)], extra_cflags=_flags(capability),
-                    build_directory=str(folder), verbose=False)
+        with open(folder / "build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same kernel: wait for it
+            if (built := _import_built(module, folder)) is not None:
+                return built
+            from torch.utils.cpp_extension import load
+
+            if shutil.which("ninja") is None:  # pip's ninja sits beside this Python, off PATH unless the venv is on
+                os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+            (folder / "lock").unlink(missing_ok=True)  # torch's: left by a process that died building
+            return load(name=module, sources=[str(source)], extra_cflags=_flags(capability),
+                        build_directory=str(folder), verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: fall back, and say why once
         log.warning("the %s kernel is unavailable (%s): using torch's own operations, which round a tree's rows "
                     "differently from a one-token step's", name,
