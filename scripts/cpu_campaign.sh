@@ -24,6 +24,7 @@ RUNS=${RUNS:-runs/campaign}
 CACHE=${CACHE:-cache/train}
 ROUNDS=${ROUNDS:-1}
 CONVERSATIONS=${CONVERSATIONS:-2048}  # per round's data set; a larger value extends the same seeded choice
+SKIP=${SKIP:-12288}                   # of the seeded order: the conversations the shipped drafters trained on
 HELDOUT=${HELDOUT:-120}
 TURNS=${TURNS:-3}                     # user turns answered per conversation (later turns see earlier replies)
 MAX_PROMPT_LEN=${MAX_PROMPT_LEN:-1024}
@@ -55,7 +56,7 @@ for round in $(seq 1 "$ROUNDS"); do
     log "round $round: data ($CONVERSATIONS conversations, $TURNS turns, prompts up to $MAX_PROMPT_LEN tokens)"
     $PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --max-new-tokens "$NEW_TOKENS" \
         --shard-size 64 --gen-batch 32 --threads "$THREADS" --out "$CACHE/campaign-heldout"
-    $PY -m gumiho.train prepare --split train --conversations "$CONVERSATIONS" --turns "$TURNS" \
+    $PY -m gumiho.train prepare --split train --skip "$SKIP" --conversations "$CONVERSATIONS" --turns "$TURNS" \
         --max-prompt-len "$MAX_PROMPT_LEN" --max-new-tokens "$NEW_TOKENS" --shard-size 64 --gen-batch 32 \
         --threads "$THREADS" --out "$data"
     for drafter in gumiho eagle2; do

@@ -33,13 +33,13 @@ pack() {
     head -c "$PART1_BYTES" .gpu/gguf.xz > .gpu/p1/gguf.xz.a
     tail -c +"$(( PART1_BYTES + 1 ))" .gpu/gguf.xz > .gpu/p2/gguf.xz.b
     # Fresh conversations for this round: positions OFFSET.. of the seeded order, and every held-out one.
-    OFFSET=${OFFSET:-6144} CONVERSATIONS=${CONVERSATIONS:-6000} .venv/bin/python - <<'EOF'
+    OFFSET=${OFFSET:-12288} CONVERSATIONS=${CONVERSATIONS:-6000} .venv/bin/python - <<'EOF'
 import json, lzma, os
 from gumiho.train.data import load_conversations
 from gumiho.train.prepare import PrepareConfig, select
 offset, count = int(os.environ["OFFSET"]), int(os.environ["CONVERSATIONS"])
 every = load_conversations(None)
-train = select(PrepareConfig(out="-", split="train", conversations=offset + count), every)[offset:]
+train = select(PrepareConfig(out="-", split="train", conversations=count, skip=offset), every)
 heldout = select(PrepareConfig(out="-", split="heldout", conversations=len(every)), every)
 with lzma.open(".gpu/p2/sharegpt-subset.jsonl.xz", "wt", encoding="utf-8") as f:
     for c in train + heldout:

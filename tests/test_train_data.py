@@ -99,6 +99,16 @@ def test_split_is_deterministic_and_keeps_parts_together():
     assert split(convs + [copy_of_train, copy_of_heldout], 5.0) == (train, heldout)
 
 
+def test_a_later_round_skips_the_conversations_earlier_rounds_took():
+    from gumiho.train.prepare import PrepareConfig, select
+
+    convs = [Conversation(f"c{i}", [{"role": "user", "content": f"q{i}"}]) for i in range(500)]
+    first = select(PrepareConfig(out="-", conversations=100), convs)
+    later = select(PrepareConfig(out="-", conversations=50, skip=100), convs)
+    assert select(PrepareConfig(out="-", conversations=150), convs) == first + later
+    assert len(later) == 50 and not {c.id for c in first} & {c.id for c in later}
+
+
 def test_feature_shards_round_trip_and_match_unbatched_forward(tmp_path):
     from gumiho.train.data import Rendered
 

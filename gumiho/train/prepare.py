@@ -28,6 +28,7 @@ class PrepareConfig:
     turns: int = option("with self-distillation: user turns answered per conversation, each with the target's own "
                         "earlier replies; one sequence per reply", 1)
     conversations: int = option("conversations to take from the split (seeded order; more extends fewer)", 1000)
+    skip: int = option("conversations of the seeded order passed over first: those earlier rounds trained on", 0)
     shard_size: int = option("conversations per feature shard (the unit of resuming)", 64)
     max_len: int = option("without self-distillation: cut conversations to this many tokens", 1024)
     max_prompt_len: int = option("with self-distillation: skip prompts longer than this many tokens", 256)
@@ -42,11 +43,12 @@ class PrepareConfig:
 
 
 def select(config: PrepareConfig, conversations: list[Conversation]) -> list[Conversation]:
-    """The split's conversations in a seeded order; a larger `conversations` extends a smaller run's choice."""
+    """The split's conversations in a seeded order, after the first `skip`; a larger `conversations` extends a
+    smaller run's choice."""
     train, heldout = split(conversations, config.heldout_percent)
     chosen = list(heldout if config.split == "heldout" else train)
     random.Random(config.seed).shuffle(chosen)
-    return chosen[: config.conversations]
+    return chosen[config.skip: config.skip + config.conversations]
 
 
 def write_prompts(path: Path, conversations: list[Conversation]) -> None:
