@@ -105,14 +105,17 @@ def unpack_q4_1(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 class CastMatrix:
-    """`x @ W.T` with W kept in another dtype (the int4 path's bf16 lm_head): the input is cast to it, the output
-    back. One matmul per call; bf16 `F.linear` gives each row the same result whatever the row count."""
+    """`x @ W.T (+ bias)` with W kept in another dtype (the int4 path's bf16 lm_head, its bf16 prefill): the input
+    is cast to it, the output back. One matmul per call; bf16 `F.linear` gives each row the same result whatever
+    the row count."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None):
         self.weight = weight.detach().to(dtype)
+        self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
 
 
 class Q8Matrix:

@@ -23,12 +23,13 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .errors import GumihoError
-from .int4 import Int4Matrix
+from .int4 import CastMatrix, Int4Matrix
 from .kernels import row_attention
 from .packed import PackedMatrix
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-PREFILL_ROWS = 64  # on the int4 path a prompt this long may take the float weights (LeanLlama._float_prefill_pays)
+PREFILL_ROWS = 64  # on the int4 path a prompt this long may take the float weights (LeanLlama._fastest_prefill)
+PREFILL_DTYPES = (torch.float32, torch.bfloat16)  # the float weights' dtypes a long prompt's prefill may take
 ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
 
@@ -83,7 +84,7 @@ class StaticCache:
         self.length -= abs(count)
 
 
-Matrix = PackedMatrix | Int4Matrix  # a callable x -> x @ W.T (+ bias)
+Matrix = PackedMatrix | Int4Matrix | CastMatrix  # a callable x -> x @ W.T (+ bias)
 
 
 @dataclass
@@ -129,9 +130,12 @@ class LeanLlama:
                 return [self._layer(f"model.layers.{i}", layer, matrix) for i, layer in enumerate(decoder.layers)]
 
             self.layers = layers(self._fused)
-            self.prefill_layers: list[_Layer] | None = layers(self._float_for_prefill) if int4 is not None else None
-            if self.prefill_layers is not None and not self._float_prefill_pays():
-                self.prefill_layers = None
+            # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits.
+            self.prefill_dtype = self._fastest_prefill(decoder.layers[0]) if int4 is not None else None
+            self.prefill_layers: list[_Layer] | None = None
+            if self.prefill_dtype is not None:
+                self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
+                                                                                             *linears))
         self._cos = self._sin = torch.empty(0)
         # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
         # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
@@ -144,9 +148,17 @@ class LeanLlama:
             return self._int4(names, linears)
         return self._float(linears, self.pack)
 
-    def _float_for_prefill(self, names: list[str], *linears) -> PackedMatrix:
-        """The int4 path's prefill matrices: the model's float weights, multiplied by MKL unpacked."""
-        return self._float(linears, pack=False)
+    def _float_for_prefill(self, dtype: torch.dtype, *linears) -> PackedMatrix | CastMatrix:
+        """The int4 path's prefill matrices: the model's float weights, multiplied unpacked; fp32 as they are
+        (views, no copy), another dtype as a copy that the fp32 activations are cast to."""
+        if dtype == torch.float32:
+            return self._float(linears, pack=False)
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        bias = None
+        if any(lin.bias is not None for lin in linears):
+            bias = torch.cat([lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features)
+                              for lin in linears])
+        return CastMatrix(weight, dtype, bias)
 
     @staticmethod
     def _float(linears, pack: bool) -> PackedMatrix:
@@ -194,11 +206,12 @@ class LeanLlama:
             down=fused("mlp.down_proj"),
         )
 
-    def _float_prefill_pays(self) -> bool:
-        """Whether a layer's products over PREFILL_ROWS rows are faster through the float weights than the 4-bit
-        ones on this machine (medians of 5). On a 2-core AVX2 EPYC they take half the time at 64 rows and 0.4x at
-        256 (the 4-bit kernel is made for a few rows), while one row costs a third; a CPU whose 4-bit kernel is
-        fast for many rows keeps it."""
+    def _fastest_prefill(self, first: torch.nn.Module) -> torch.dtype | None:
+        """The float dtype (of PREFILL_DTYPES) whose products over PREFILL_ROWS rows, one layer's, are the fastest on
+        this machine when faster than the 4-bit ones, else None (medians of 5). On a 2-core AVX2 EPYC fp32 takes half
+        the 4-bit time at 64 rows and 0.4x at 256 (the 4-bit kernel is made for a few rows), and bf16 is slower than
+        fp32; on a CPU with bf16 units bf16 takes 0.35-0.5x fp32's time; a CPU whose 4-bit kernel is fast for many
+        rows keeps it."""
         hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
 
         def median_s(layer: _Layer) -> float:
@@ -210,9 +223,15 @@ class LeanLlama:
                 times.append(time.perf_counter() - start)
             return statistics.median(times)
 
+        candidates: dict[torch.dtype | None, _Layer] = {None: self.layers[0]}
+        for dtype in PREFILL_DTYPES:
+            candidates[dtype] = self._layer("model.layers.0", first,
+                                            lambda names, *linears, d=dtype: self._float_for_prefill(d, *linears))
         with torch.inference_mode():
-            median_s(self.layers[0]), median_s(self.prefill_layers[0])  # first calls pay one-time costs
-            return median_s(self.prefill_layers[0]) < median_s(self.layers[0])
+            for layer in candidates.values():
+                median_s(layer)  # first calls pay one-time costs
+            times = {dtype: median_s(layer) for dtype, layer in candidates.items()}
+        return min(times, key=times.get)
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
@@ -255,7 +274,10 @@ class LeanLlama:
         h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         cos, sin = self._rope_tables(positions)
         cos, sin = cos[:, :, None], sin[:, :, None]  # [b, n, 1, d]: one row per token, broadcast over heads
-        if mask is None and n > 1:
+        # A prompt from an empty cache takes SDPA's own causal attention, which skips the masked half (800 tokens:
+        # 7.3 ms a layer against 10.6 with the mask, the same numbers on the 2-core Zen 4 EPYC).
+        causal = prefill and past == 0 and mask is None and n > 1
+        if mask is None and n > 1 and not causal:
             mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
         rows_kernel = self.row_attention if n <= ROW_ATTENTION_TOKENS and not prefill else None
         visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)  # for rows_kernel
@@ -277,6 +299,9 @@ class LeanLlama:
             cache.values[i, :, :, past:total] = qkv[:, :, h + kvh :].transpose(1, 2)
             if rows_kernel is not None:
                 out = rows_kernel.attention(q, cache.keys[i], cache.values[i], visible, n, past, d ** -0.5)
+            elif causal:  # heads in their own order (KV head, group member): each reads KV head // group
+                out = F.scaled_dot_product_attention(q.view(b, h, n, d), cache.keys[i, :, :, :total],
+                                                     cache.values[i, :, :, :total], is_causal=True, enable_gqa=True)
             else:
                 out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
                                                      attn_mask=attn_mask)

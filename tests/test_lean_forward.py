@@ -53,8 +53,9 @@ def test_prefill_tree_and_compaction_match_transformers(name):
 def check_prefill_tree_and_compaction(lean: Target, ref: Target) -> None:
     prefix = torch.randint(VOCAB, (90,), generator=torch.Generator().manual_seed(1))  # positions past 64: rope scaling
     caches = lean.new_cache(), ref.new_cache()
-    a, b = (t.features(prefix, c) for t, c in zip((lean, ref), caches))
+    a, b = (t.features(prefix, c, prefill=True) for t, c in zip((lean, ref), caches))  # SDPA's causal attention
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lean.features(prefix, lean.new_cache()), a, rtol=1e-5, atol=1e-6)  # the mask's
     # A tree: root -> {1, 2}, 1 -> 3; positions are depths.
     tokens, depths = torch.tensor([5, 7, 9, 11]), torch.tensor([0, 1, 1, 2])
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
