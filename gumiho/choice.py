@@ -9,7 +9,8 @@ Two inputs, kept apart because they change for different reasons:
     drafter and the target, not on the machine.
 
 expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k, n) + verify_ms(n) + (tau - 1) * head_ms); AR is
-1000 / verify_ms(1) (a verification computes the lm_head row of each accepted token and of the one after).
+1000 / verify_ms(1) (a verification computes the lm_head row of each accepted token and of the one after). A
+cheaper tree expected nearly as fast is preferred (CHEAPER_WITHIN).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from .trace import METHOD_NAMES
 from .tree import TreeSettings
 
 KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hundred generated tokens
+# Among drafting trees, the cheapest cycle expected within this share of the fastest is taken. The model leaves out
+# costs that grow with the tree outside the draft call and the target forward (the drafter's next advance over more
+# accepted tokens, the pool and tree bookkeeping, the walk): side by side on a 2-core Zen 4 EPYC, a 3-token tree it
+# rated 1% below a 2-token one ran 6-9% slower (docs/benchmarks.md, "Speed on the machine at hand").
+CHEAPER_WITHIN = 0.05
 
 
 @dataclass
@@ -65,8 +71,9 @@ class Choice:
 
 def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Acceptance | None,
               top_k: int | None = None, total_tokens: int | None = None) -> MethodChoice:
-    """The (top_k, total_tokens) with the highest expected tokens/s on this path, in the calibrated tree family
-    (`profile.widest_tree`) with `base`'s FTA setting; fixed values are kept."""
+    """The (top_k, total_tokens) with the cheapest cycle among those expected within CHEAPER_WITHIN of the highest
+    tokens/s on this path, in the calibrated tree family (`profile.widest_tree`) with `base`'s FTA setting; AR
+    steps where no tree is expected faster than AR; fixed values are kept."""
     ar = 1e3 / cost.verify_at(1, KV_TYPICAL)
     known = acceptance is not None and cost.draft_ms.get(method)
     top_ks = [top_k] if top_k else sorted(cost.draft_ms.get(method, {}))
@@ -76,16 +83,18 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
                        sized=not total_tokens and method != "mjsd")
         why = "no acceptance statistics for this drafter" if acceptance is None else "top_k not profiled"
         return MethodChoice(method, tree, ar, 1.0, f"{why}: default tree")
-    best: tuple[float, int, int] | None = None if total_tokens else (ar, top_ks[0], 1)  # 1: drafting does not pay
+    trees = []  # (expected tokens/s, cycle ms, top_k, n)
     for k in top_ks:
         widest = widest_tree(method, k)
         sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
         for n in sizes:
             tau = acceptance.tau(k, n)
-            rate = 1e3 * tau / (cost.draft_at(method, k, n) + cost.cycle_ms(n, tau - 1, KV_TYPICAL))
-            if best is None or rate > best[0]:
-                best = (rate, k, n)
-    rate, k, n = best
+            cycle = cost.draft_at(method, k, n) + cost.cycle_ms(n, tau - 1, KV_TYPICAL)
+            trees.append((1e3 * tau / cycle, cycle, k, n))
+    fastest = max(rate for rate, *_ in trees)
+    rate, _, k, n = min((t for t in trees if t[0] * (1 + CHEAPER_WITHIN) >= fastest), key=lambda t: t[1])
+    if not total_tokens and ar >= rate:  # drafting does not pay: AR steps
+        rate, k, n = ar, top_ks[0], 1
     tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge,
                    sized=not total_tokens and method != "mjsd" and n > 1)
     return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")

@@ -11,7 +11,7 @@ import torch
 
 from gumiho import profile as prof
 from gumiho.acceptance import Acceptance
-from gumiho.choice import best_tree, choose
+from gumiho.choice import CHEAPER_WITHIN, best_tree, choose
 from gumiho.engine import GenerationConfig
 from gumiho.errors import GumihoError
 from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost
@@ -150,7 +150,9 @@ def test_best_tree_maximises_expected_tokens_per_s():
             widest = prof.widest_tree("gumiho", k)
             if n <= widest.total_tokens:
                 rates[(k, n)] = 1e3 * deep_acceptance().tau(k, n) / (cost.draft_ms["gumiho"][k] + cost.verify_at(n, 512))
-    k, n = max(rates, key=rates.get)
+    cycle = {(k, n): cost.draft_ms["gumiho"][k] + cost.verify_at(n, 512) for k, n in rates}
+    near = [t for t, rate in rates.items() if rate * (1 + CHEAPER_WITHIN) >= max(rates.values())]
+    k, n = min(near, key=cycle.get)  # the cheapest cycle among the trees expected nearly as fast as the fastest
     assert (chosen.tree.top_k, chosen.tree.total_tokens) == (k, n)
     assert chosen.tokens_per_s == pytest.approx(rates[(k, n)])
     assert chosen.speedup == pytest.approx(rates[(k, n)] * cost.verify_at(1, 512) / 1e3)
@@ -160,6 +162,21 @@ def test_best_tree_maximises_expected_tokens_per_s():
     assert not best_tree(cost, "gumiho", base, deep_acceptance(), total_tokens=8).tree.sized  # a fixed size is not
     unknown = best_tree(cost, "gumiho", base, None)
     assert unknown.tree == replace(base, sized=True) and "no acceptance statistics" in unknown.note
+
+
+def test_a_cheaper_tree_expected_nearly_as_fast_is_preferred():
+    """Two tree sizes, the larger expected 1% faster: the smaller one's cheaper cycle wins (the model leaves out
+    costs that grow with the tree); 10% faster, the larger one wins."""
+    verify = [10.0, 10.5, 11.0] + [20.0 + i for i in range(len(SIZES) - 3)]
+    acc = Acceptance({2: [[0, 1]] * 10})  # every cycle accepts the first two ranks: tau(2, 2) = 2, tau(2, 3) = 3
+    for gain, expected in ((1.01, 2), (1.10, 3)):
+        # draft_ms for n = 3 set so that 3-token cycles are `gain` times the 2-token ones' tokens/s
+        two = 2e3 / (5.0 + 10.5 + 1.0)
+        draft3 = 3e3 / (two * gain) - 11.0 - 2.0
+        cost = PathCost(ExecPath("int4"), {256: verify, 1024: verify}, {"gumiho": {2: 5.0}},
+                        head_ms=1.0, small_draft_ms={"gumiho": {2: {2: 5.0, 3: draft3}}})
+        chosen = best_tree(cost, "gumiho", TreeSettings.default("gumiho", "cpu"), acc, top_k=2)
+        assert chosen.tree.total_tokens == expected, gain
 
 
 def test_where_no_tree_pays_the_method_runs_ar_steps():

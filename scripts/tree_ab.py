@@ -1,0 +1,46 @@
+"""The automatic trees against other tree sizes, in one process: the same engine, each drafter's tree set per
+variant (per-cycle sizing on, as in the automatic choice), interleaved per prompt, so that the host's drift between
+runs cancels (docs/benchmarks.md, "Speed on the machine at hand").
+
+    PYTHONPATH=. .venv/bin/python scripts/tree_ab.py --trees 2:4 3:2 --prompts 3
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from gumiho.loader import build_engine
+from gumiho.profile import widest_tree
+
+from scripts.engine_ab import benchmark_prompts, interleave
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees", nargs="+", default=["2:4", "3:2"], help="TOKENS:TOP_K, each a variant")
+    parser.add_argument("--prompts", type=int, default=3, help="first prompts of each set")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--methods", nargs="+", default=["gumiho", "eagle2"])
+    args = parser.parse_args()
+    engine = build_engine(threads=2)
+    automatic = {m: engine.choice.methods[m].tree for m in args.methods}
+    print("automatic:", {m: (t.total_tokens, t.top_k) for m, t in automatic.items()})
+
+    def trees(spec: str):
+        n, k = map(int, spec.split(":"))
+        chosen = {m: replace(widest_tree(m, k), total_tokens=n, fta=t.fta, lookup_merge=t.lookup_merge, sized=True)
+                  for m, t in automatic.items()}
+
+        def setup():
+            for m, tree in chosen.items():
+                engine.choice.methods[m].tree = tree
+            return engine
+        return setup
+
+    interleave({f"{spec} (tokens:top_k)": trees(spec) for spec in args.trees}, args.methods,
+               benchmark_prompts(args.prompts), args.tokens)
+
+
+if __name__ == "__main__":
+    main()
