@@ -27,7 +27,7 @@ KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hu
 # Among drafting trees, the cheapest cycle expected within this share of the fastest is taken. The model leaves out
 # costs that grow with the tree outside the draft call and the target forward (the drafter's next advance over more
 # accepted tokens, the pool and tree bookkeeping, the walk): side by side on a 2-core Zen 4 EPYC, a 3-token tree it
-# rated 1% below a 2-token one ran 6-9% slower (docs/benchmarks.md, "Speed on the machine at hand").
+# rated 1% below a 2-token one ran 6-9% slower (docs/benchmarks.md, "A CPU with bf16 units").
 CHEAPER_WITHIN = 0.05
 
 

@@ -1,6 +1,6 @@
 """The automatic trees against other tree sizes, in one process: the same engine, each drafter's tree set per
 variant (per-cycle sizing on, as in the automatic choice), interleaved per prompt, so that the host's drift between
-runs cancels (docs/benchmarks.md, "Speed on the machine at hand").
+runs cancels (docs/benchmarks.md, "A CPU with bf16 units").
 
     PYTHONPATH=. .venv/bin/python scripts/tree_ab.py --trees 2:4 3:2 --prompts 3
 """
