@@ -87,6 +87,14 @@ class StaticCache:
 Matrix = PackedMatrix | Int4Matrix | CastMatrix  # a callable x -> x @ W.T (+ bias)
 
 
+def _stacked_bias(linears) -> torch.Tensor | None:
+    """The projections' biases stacked as their weights are (zeros for one without), or None if none has one."""
+    if all(lin.bias is None for lin in linears):
+        return None
+    return torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                      for lin in linears])
+
+
 @dataclass
 class _Layer:
     input_norm: torch.Tensor
@@ -154,11 +162,7 @@ class LeanLlama:
         if dtype == torch.float32:
             return self._float(linears, pack=False)
         weight = torch.cat([lin.weight.detach() for lin in linears])
-        bias = None
-        if any(lin.bias is not None for lin in linears):
-            bias = torch.cat([lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features)
-                              for lin in linears])
-        return CastMatrix(weight, dtype, bias)
+        return CastMatrix(weight, dtype, _stacked_bias(linears))
 
     @staticmethod
     def _float(linears, pack: bool) -> PackedMatrix:
@@ -168,10 +172,7 @@ class LeanLlama:
             lin = linears[0]
             return PackedMatrix(lin.weight.detach(), None if lin.bias is None else lin.bias.detach(), pack)
         weight = torch.cat([lin.weight.detach() for lin in linears])
-        bias = None
-        if any(lin.bias is not None for lin in linears):
-            bias = torch.cat([lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features)
-                              for lin in linears])
+        bias = _stacked_bias(linears)
         start = 0
         for lin in linears:
             rows = slice(start, start + lin.out_features)
@@ -183,10 +184,7 @@ class LeanLlama:
 
     def _int4(self, names: list[str], linears) -> Int4Matrix:
         """The projections stacked (rows) as one 4-bit matrix: from the GGUF blocks when all of them are there."""
-        bias = None
-        if any(lin.bias is not None for lin in linears):
-            bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
-                              for lin in linears])
+        bias = _stacked_bias(linears)
         if all(name in self.int4 for name in names):
             return Int4Matrix.from_q4_1(np.concatenate([self.int4[name] for name in names]), bias)
         return Int4Matrix.quantize(torch.cat([lin.weight.detach() for lin in linears]), bias)
