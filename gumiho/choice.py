@@ -91,10 +91,13 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
             tau = acceptance.tau(k, n)
             cycle = cost.draft_at(method, k, n) + cost.cycle_ms(n, tau - 1, KV_TYPICAL)
             trees.append((1e3 * tau / cycle, cycle, k, n))
-    fastest = max(rate for rate, *_ in trees)
-    rate, _, k, n = min((t for t in trees if t[0] * (1 + CHEAPER_WITHIN) >= fastest), key=lambda t: t[1])
-    if not total_tokens and ar >= rate:  # drafting does not pay: AR steps
-        rate, k, n = ar, top_ks[0], 1
+    fastest = max((rate for rate, *_ in trees), default=0.0)
+    near = [t for t in trees if t[0] * (1 + CHEAPER_WITHIN) >= fastest]
+    rate, k, n = ar, top_ks[0], 1  # AR steps, unless a tree is expected faster (or the size is fixed)
+    if near:
+        cheapest = min(near, key=lambda t: t[1])
+        if total_tokens or cheapest[0] > ar:
+            rate, _, k, n = cheapest
     tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge,
                    sized=not total_tokens and method != "mjsd" and n > 1)
     return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")
