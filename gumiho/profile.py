@@ -45,18 +45,21 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 6  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
-# 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head
+VERSION = 7  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+# 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
+# 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
 DEPTH_CAPPED = ("eagle2", "gumiho")  # drafters that stop at the depth a small tree can keep
 SMALL_TOP_K = 4  # the widest first layer whose small trees' drafts are timed (small_sizes)
 REPEATS = 3
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni")
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni",
+                "avx512_vnni")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int4": "int4"}
-# "int4": 4-bit weights with bf16 activations at each product; everything else (and the drafters) in fp32.
+# "int4": 4-bit weights with 8-bit (or bf16: int4.activations) activations at each product; everything else (and the
+# drafters) in fp32.
 ACTIVATIONS = {**DTYPES, "int4": torch.float32}
 STEEP = 8.0  # a size whose verification costs this many one-token steps is measured once, then extrapolated
 

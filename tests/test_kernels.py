@@ -100,13 +100,13 @@ def test_a_tree_node_equals_the_one_token_step_on_its_path_bit_for_bit(kernel, p
 
 def test_the_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("GUMIHO_KERNELS", "0")
-    for build in (kernels.row_attention, kernels.q8_matmul):
+    for build in (kernels.row_attention, kernels.q8_matmul, kernels.q4_matmul):
         build.cache_clear()
     try:
-        assert kernels.row_attention() is None and kernels.q8_matmul() is None
+        assert kernels.row_attention() is None and kernels.q8_matmul() is None and kernels.q4_matmul() is None
     finally:
         monkeypatch.delenv("GUMIHO_KERNELS")
-        for build in (kernels.row_attention, kernels.q8_matmul):
+        for build in (kernels.row_attention, kernels.q8_matmul, kernels.q4_matmul):
             build.cache_clear()
 
 

@@ -2,7 +2,8 @@
 
 - `row_attention()`: the row-consistent attention (attention.cpp) for decode steps and trees.
 - `q8_matmul()`: products with a matrix in 8-bit blocks of 32 (q8_matmul.cpp), the int4 path's lm_head.
-Both include simd.h, whose bytes enter each build's hash.
+- `q4_matmul()`: products of 8-bit activations with 4-bit blocks (q4_matmul.cpp), the int4/int8 path's linears.
+Each includes simd.h, whose bytes enter each build's hash.
 
 Each returns the compiled module, or None where it cannot be built (no C++ compiler, or GUMIHO_KERNELS=0): callers
 then use torch's own operations (SDPA, an fp16 product), as fast or slower, which round a tree's rows differently
@@ -32,11 +33,28 @@ import torch
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
+THREADED = ("q8_matmul", "q4_matmul")  # kernels that split their work across torch's threads
 
 
-def _flags(capability: str) -> list[str]:
-    vector = ["-mavx2", "-mfma"] if capability in ("AVX2", "AVX512") else []
-    return ["-O3", *vector]
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _flags(name: str, capability: str) -> list[str]:
+    """Compiler flags: vector units where torch found them (and VNNI's 8-bit dot products where the processor has
+    them), and OpenMP for the matrix products, without which `at::parallel_for` runs on one thread (the 2-core Zen
+    4 EPYC: the 8-bit head's one row 1.8 -> 0.9 ms). The attention stays on one thread: its work per call is too
+    small to split, and built with OpenMP it ran 1.5-2x slower there even so."""
+    vector = ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
+    if vector and {"avx512_vnni", "avx512vl"} <= _cpu_flags():
+        vector += ["-mavx512vnni", "-mavx512vl"]
+    return ["-O3", *vector] + (["-fopenmp"] if name in THREADED else [])
 
 
 def _import_built(module: str, folder: Path) -> ModuleType | None:
@@ -56,9 +74,10 @@ def build_folder(name: str) -> tuple[Path, str]:
 
     source = HERE / f"{name}.cpp"
     shared = b"".join(header.read_bytes() for header in sorted(HERE.glob("*.h")))
-    digest = hashlib.sha256(source.read_bytes() + shared + torch.__version__.encode()).hexdigest()[:12]
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    return cache_root() / "kernels" / f"{name}-{digest}-{capability}", f"gumiho_{name}_{digest}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    recipe = source.read_bytes() + shared + torch.__version__.encode() + " ".join(_flags(name, capability)).encode()
+    digest = hashlib.sha256(recipe).hexdigest()[:12]
+    return cache_root() / "kernels" / f"{name}-{digest}-{capability.lower()}", f"gumiho_{name}_{digest}"
 
 
 def _build(name: str) -> ModuleType | None:
@@ -79,8 +98,9 @@ def _build(name: str) -> ModuleType | None:
             if shutil.which("ninja") is None:  # pip's ninja sits beside this Python, off PATH unless the venv is on
                 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
             (folder / "lock").unlink(missing_ok=True)  # torch's: left by a process that died building
-            return load(name=module, sources=[str(source)], extra_cflags=_flags(capability),
-                        build_directory=str(folder), verbose=False)
+            return load(name=module, sources=[str(source)], extra_cflags=_flags(name, capability),
+                        extra_ldflags=["-fopenmp"] if name in THREADED else [], build_directory=str(folder),
+                        verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: fall back, and say why once
         log.warning("the %s kernel is unavailable (%s): using torch's own operations, which round a tree's rows "
                     "differently from a one-token step's", name,
@@ -98,3 +118,9 @@ def row_attention() -> ModuleType | None:
 def q8_matmul() -> ModuleType | None:
     """The compiled 8-bit block product (its `q8_matmul(x, q, d)`), or None."""
     return _build("q8_matmul")
+
+
+@lru_cache(maxsize=None)
+def q4_matmul() -> ModuleType | None:
+    """The compiled 8-bit by 4-bit block product (its `q4_matmul(x, records)`), or None."""
+    return _build("q4_matmul")

@@ -1,0 +1,207 @@
+// Products of activations rounded to 8 bits with a matrix in 4-bit blocks (gumiho/kernels/__init__.py): the
+// linears of the "int4/int8" path, the arithmetic llama.cpp runs a Q4_1 GGUF with.
+//
+// Weights: GGUF Q4_1 blocks of 32 along a row (weight = d * q + m, q in 0..15, d and m fp16), regrouped by
+// `pack` (int4.py) into records of 8 output rows x one block, 160 bytes: the 8 d's and the 8 m's (fp16), then
+// four chunks of 32 bytes in which byte 4v + t of chunk c holds row v's weight 4c + t in its low nibble and its
+// weight 16 + 4c + t in its high nibble. One vector of 32 nibbles then holds 8 rows x 4 consecutive inputs.
+//
+// Activations: each input row is rounded per block of 32 to int8 (dx = max |x| / 127, xq = round(x / dx)), with
+// sx = dx * sum(xq); then row v of W gives sum over blocks of d_v * dx * (q_v . xq) + m_v * sx.
+//
+// Why: a block's 32 products are two integer instructions (one with VNNI) instead of four fp32 multiply-adds, and
+// a weight record is unpacked once for up to four input rows, so a decode step is bound by reading the weights
+// and a few more rows cost little: a tree verification pays little more than one token.
+//
+// Each output is computed by the same operations whatever the number of rows and the instruction set: the
+// integer dot products are exact; then, per block in order, one fp32 multiply and two fused multiply-adds. So a
+// tree's rows equal one-row products bit for bit, on every machine.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.h"
+
+namespace {
+
+constexpr int64_t BLOCK = 32;
+constexpr int64_t OUTS = 8;  // output rows per record
+constexpr int64_t RECORD = 160;
+constexpr int MAX_ROWS = 4;  // input rows that share one unpacking of a record
+
+inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else {  // subnormal: normalise
+        int shift = 0;
+        uint32_t m = mantissa;
+        while ((m & 0x400u) == 0) {
+            m <<= 1;
+            ++shift;
+        }
+        bits = sign | ((113 - shift) << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// One input row rounded per block: xq [K] int8, dx and sx [K / 32].
+void quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) {
+    for (int64_t b = 0; b < K / BLOCK; ++b) {
+        const float* xb = x + b * BLOCK;
+        float amax = 0.f;
+        for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const float d = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
+        int32_t sum = 0;
+        for (int i = 0; i < BLOCK; ++i) {
+            const int32_t q = static_cast<int32_t>(std::nearbyint(xb[i] * inverse));
+            xq[b * BLOCK + i] = static_cast<int8_t>(std::clamp(q, -127, 127));
+            sum += xq[b * BLOCK + i];
+        }
+        dx[b] = d;
+        sx[b] = d * static_cast<float>(sum);
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// For R input rows, sum over inputs of q_v * xq for the 8 rows v of a record: the 8 vectors of nibbles times
+// 4-byte groups of x, the rows' sums interleaved so that their chains overlap (integer sums: exact in any order).
+template <int R>
+inline void dots(const __m256i w[8], const int8_t* xq, int64_t K, __m256i out[R]) {
+    int32_t group[R][8];
+    for (int r = 0; r < R; ++r) std::memcpy(group[r], xq + r * K, 32);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    __m256i even[R], odd[R];
+    for (int r = 0; r < R; ++r) {
+        even[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], _mm256_set1_epi32(group[r][0]));
+        odd[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(group[r][1]));
+    }
+    for (int g = 2; g < 8; g += 2) {
+        for (int r = 0; r < R; ++r) {
+            even[r] = _mm256_dpbusd_epi32(even[r], w[g], _mm256_set1_epi32(group[r][g]));
+            odd[r] = _mm256_dpbusd_epi32(odd[r], w[g + 1], _mm256_set1_epi32(group[r][g + 1]));
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = _mm256_add_epi32(even[r], odd[r]);
+#else
+    // Pairs of products in 16 bits: |15 * 127 * 2| * 8 groups = 30480 fits, so the sums are exact.
+    __m256i pairs[R];
+    for (int r = 0; r < R; ++r) pairs[r] = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(group[r][0]));
+    for (int g = 1; g < 8; ++g)
+        for (int r = 0; r < R; ++r)
+            pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(group[r][g])));
+    for (int r = 0; r < R; ++r) out[r] = _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1));
+#endif
+}
+
+template <int R>
+void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
+                 int64_t K, float* out, int64_t N) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* rec = records + b * RECORD;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec)));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16)));
+        __m256i w[8];
+        for (int c = 0; c < 4; ++c) {
+            const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 + 32 * c));
+            w[c] = _mm256_and_si256(chunk, low);
+            w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(chunk, 4), low);
+        }
+        __m256i sums[R];
+        dots<R>(w, xq + b * BLOCK, K, sums);
+        for (int r = 0; r < R; ++r) {
+            const int64_t at = r * (K / BLOCK) + b;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(dx[at])), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * N, acc[r]);
+}
+#else
+template <int R>
+void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
+                 int64_t K, float* out, int64_t N) {
+    for (int r = 0; r < R; ++r) {
+        float acc[OUTS] = {0.f};
+        for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* rec = records + b * RECORD;
+            const int8_t* xb = xq + r * K + b * BLOCK;
+            const int64_t at = r * (K / BLOCK) + b;
+            for (int v = 0; v < OUTS; ++v) {
+                uint16_t dh, mh;
+                std::memcpy(&dh, rec + 2 * v, 2);
+                std::memcpy(&mh, rec + 16 + 2 * v, 2);
+                int32_t dot = 0;
+                for (int c = 0; c < 4; ++c) {
+                    for (int t = 0; t < 4; ++t) {
+                        const uint8_t byte = rec[32 + 32 * c + 4 * v + t];
+                        dot += (byte & 0x0f) * xb[4 * c + t] + (byte >> 4) * xb[16 + 4 * c + t];
+                    }
+                }
+                const float scale = half_to_float(dh) * dx[at];
+                acc[v] = std::fma(static_cast<float>(dot), scale, acc[v]);
+                acc[v] = std::fma(half_to_float(mh), sx[at], acc[v]);
+            }
+        }
+        for (int v = 0; v < OUTS; ++v) out[r * N + v] = acc[v];
+    }
+}
+#endif
+
+}  // namespace
+
+// x [M, K] fp32; records uint8 [N / 8, K / 32 * 160] (int4.py `pack`). Returns [M, N] fp32.
+torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records) {
+    TORCH_CHECK(x.scalar_type() == torch::kFloat && records.scalar_type() == torch::kByte,
+                "q4_matmul: x fp32, records uint8");
+    TORCH_CHECK(x.dim() == 2 && records.dim() == 2, "q4_matmul: 2-D tensors only");
+    x = x.contiguous();
+    records = records.contiguous();
+    const int64_t M = x.size(0), K = x.size(1), groups = records.size(0), N = groups * OUTS, blocks = K / BLOCK;
+    TORCH_CHECK(K % BLOCK == 0 && records.size(1) == blocks * RECORD, "q4_matmul: inconsistent shapes");
+    auto xq = torch::empty({M, K}, x.options().dtype(torch::kChar));
+    auto dx = torch::empty({M, blocks}, x.options()), sx = torch::empty({M, blocks}, x.options());
+    for (int64_t r = 0; r < M; ++r)
+        quantize_row(x.data_ptr<float>() + r * K, K, xq.data_ptr<int8_t>() + r * K, dx.data_ptr<float>() + r * blocks,
+                     sx.data_ptr<float>() + r * blocks);
+    auto out = torch::empty({M, N}, x.options());
+    const uint8_t* rp = records.data_ptr<uint8_t>();
+    const int8_t* qp = xq.data_ptr<int8_t>();
+    const float* dp = dx.data_ptr<float>();
+    const float* sp = sx.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g) {
+            const uint8_t* rec = rp + g * blocks * RECORD;
+            for (int64_t r = 0; r < M; r += MAX_ROWS) {
+                const int64_t at = r * blocks;
+                float* o = op + r * N + g * OUTS;
+                switch (std::min<int64_t>(MAX_ROWS, M - r)) {
+                    case 1: record_rows<1>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
+                    case 2: record_rows<2>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
+                    case 3: record_rows<3>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
+                    default: record_rows<4>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
+                }
+            }
+        }
+    });
+    return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("q4_matmul", &q4_matmul, "x @ W.T, x rounded to 8 bits per block of 32, W in 4-bit blocks (CPU)");
+}

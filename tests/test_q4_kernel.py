@@ -1,0 +1,92 @@
+"""The 4-bit products with 8-bit activations (gumiho/kernels/q4_matmul.cpp, int4.Int4Matrix): the kernel's records
+hold the Q4_1 weights exactly, products equal their definition (activations rounded per block of 32, exact integer
+dots, fp32 scales), every row is computed alike whatever the number of rows, and torch's kernel takes over where
+ours cannot build."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from gumiho import int4, kernels
+from gumiho.int4 import GROUP, Int4Matrix, q4_records, unpack_records
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = kernels.q4_matmul()
+    assert module is not None, "the kernel did not build (see the warning above)"
+    return module
+
+
+def q4_1(rows: int, columns: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random Q4_1 weights whose d and m are exact in fp16."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, columns), generator=g, dtype=torch.uint8)
+    d = (torch.rand(rows, columns // GROUP, generator=g) / 8).half().float()
+    m = (-torch.rand(rows, columns // GROUP, generator=g)).half().float()
+    return q, d, m
+
+
+def defined_product(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float64: x rounded per block to int8 (dx = max |x| / 127), then
+    sum over blocks of d * dx * (q . xq) + m * dx * sum(xq)."""
+    blocks = x.reshape(x.shape[0], -1, GROUP)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    dx = amax / 127
+    xq = torch.round(blocks * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))).clamp(-127, 127)
+    dots = torch.einsum("mbi,nbi->mnb", xq.double(), q.double().reshape(q.shape[0], -1, GROUP))
+    scaled = dots * (d.double()[None] * dx.double().squeeze(-1)[:, None])
+    shifted = m.double()[None] * (dx.squeeze(-1) * xq.sum(-1)).double()[:, None]
+    return (scaled + shifted).sum(-1)
+
+
+def test_records_hold_the_q4_1_weights_exactly():
+    q, d, m = q4_1(21, 3 * GROUP, seed=0)  # 21 rows: the last record is padded with zero rows
+    records = q4_records(q, d, m)
+    assert records.shape == (3, 3 * 160) and records.dtype == torch.uint8
+    back_q, back_d, back_m = unpack_records(records, 3 * GROUP)
+    assert torch.equal(back_q[:21], q) and torch.equal(back_d[:21], d) and torch.equal(back_m[:21], m)
+    assert not back_q[21:].any() and not back_d[21:].any() and not back_m[21:].any()
+
+
+def test_products_follow_their_definition_and_rows_do_not_depend_on_their_number(kernel):
+    q, d, m = q4_1(100, 6 * GROUP, seed=1)
+    records = q4_records(q, d, m)
+    x = torch.randn(11, 6 * GROUP, generator=torch.Generator().manual_seed(2))
+    x[3, :GROUP] = 0  # a block of zeros: dx = 0, no division by zero
+    y = kernel.q4_matmul(x, records)[:, :100]
+    expected = defined_product(x, q, d, m)
+    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    for rows in range(1, 12):  # 1 to 11 rows: every tile of up to four rows, and remainders
+        assert torch.equal(kernel.q4_matmul(x[:rows], records)[:, :100], y[:rows])
+    for i in range(11):
+        assert torch.equal(kernel.q4_matmul(x[i : i + 1], records)[0, :100], y[i])
+
+
+def test_the_8bit_activations_cost_little_against_fp32_products(kernel):
+    torch.manual_seed(3)
+    weight = torch.randn(64, 8 * GROUP)
+    matrix = Int4Matrix.quantize(weight, bias=torch.randn(64))
+    assert matrix.kernel is kernel
+    x = torch.randn(5, 8 * GROUP)
+    exact = x @ matrix.dequantized().t() + matrix.bias
+    assert (matrix(x) - exact).abs().max() <= 0.01 * exact.abs().max()  # int8 rounding of x, about 0.4% a block
+    assert matrix(x[None, None]).shape == (1, 1, 5, 64)
+
+
+def test_without_our_kernel_torchs_takes_over(monkeypatch):
+    if not int4.torch_int4_available():
+        pytest.skip("this torch has no CPU int4 kernel")
+    monkeypatch.setattr(int4, "q4_matmul", lambda: None)
+    q, d, m = q4_1(40, 4 * GROUP, seed=4)
+    matrix = Int4Matrix(q, d, m)
+    assert matrix.kernel is None and int4.activations() == "bf16" and int4.int4_available()
+    x = torch.randn(3, 4 * GROUP)
+    exact = x @ (q.float().view(40, -1, GROUP) * d[..., None] + m[..., None]).view(40, -1).t()
+    assert (matrix(x) - exact).abs().max() <= 0.01 * exact.abs().max()  # bf16 activations
+    assert torch.equal(matrix(x[1:2])[0], matrix(x)[1])
