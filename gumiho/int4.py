@@ -119,6 +119,27 @@ class Int4Matrix:
         return y.reshape(*shape[:-1], self.out_features)
 
 
+class Int4Stack:
+    """`x[i] @ W[i] + b[i]` for a stack of (in, out) matrices, as MLP heads store them (`drafters/heads.py`): all of
+    them in one kernel call where ours is built, one product each otherwise."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        """`weight` [n, in, out], `bias` [n, out]."""
+        self.matrices = [Int4Matrix.quantize(w.t(), b.detach()) for w, b in zip(weight.detach(), bias)]
+        self.kernel = q4_matmul()
+        if self.kernel is not None:
+            self.records = torch.stack([m.records for m in self.matrices])
+            self.bias = bias.detach().clone()
+
+    def __call__(self, x: torch.Tensor, which: slice) -> torch.Tensor:
+        """x [n, R, in] -> [n, R, out], row block i through matrix which.start + i."""
+        if self.kernel is None:
+            return torch.stack([m(rows) for m, rows in zip(self.matrices[which], x)])
+        out = self.matrices[0].out_features
+        y = self.kernel.q4_matmul(x.float(), self.records[which])
+        return (y if y.shape[-1] == out else y[..., :out]).to(x.dtype) + self.bias[which, None]
+
+
 def unpack_q4_1(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF Q4_1 rows -> (q [out, in] uint8 0..15, d [out, in/32] fp32, m [out, in/32] fp32).
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gumiho import int4, kernels
-from gumiho.int4 import GROUP, Int4Matrix, q4_records, unpack_records
+from gumiho.int4 import GROUP, Int4Matrix, Int4Stack, q4_records, unpack_records
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
 
@@ -90,3 +90,48 @@ def test_without_our_kernel_torchs_takes_over(monkeypatch):
     exact = x @ (q.float().view(40, -1, GROUP) * d[..., None] + m[..., None]).view(40, -1).t()
     assert (matrix(x) - exact).abs().max() <= 0.01 * exact.abs().max()  # bf16 activations
     assert torch.equal(matrix(x[1:2])[0], matrix(x)[1])
+
+
+def test_a_stack_of_matrices_in_one_call_equals_each_product_alone(kernel):
+    g = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(3, 2 * GROUP, 20, generator=g), torch.randn(3, 20, generator=g)  # (in, out), as heads
+    stack = Int4Stack(weight, bias)
+    x = torch.randn(2, 4, 2 * GROUP, generator=g)
+    together = stack(x, slice(1, 3))
+    assert together.shape == (2, 4, 20)
+    for i in range(2):
+        assert torch.equal(together[i], stack.matrices[1 + i](x[i]))
+
+
+def _dequantize_into(stack: Int4Stack, weight: torch.Tensor) -> None:
+    """Overwrite (in, out) float weights [n, in, out] with what `stack` multiplies by."""
+    for i, matrix in enumerate(stack.matrices):
+        weight[i] = matrix.dequantized().t()
+
+
+@pytest.mark.parametrize("kind", ["gumiho", "medusa"])
+def test_mlp_heads_in_4_bits_compute_what_their_dequantized_weights_do(kind):
+    """The int4 path's inference copies run the heads' stacked weights as 4-bit stacks (`to_int4`): the float
+    forward with the 4-bit weights put back gives the same features, to the 8-bit rounding of the activations."""
+    from gumiho.drafters.heads import MedusaHeads
+    from gumiho.drafters.layers import ParallelHeads
+
+    from .conftest import random_drafter, tiny_target
+
+    heads = random_drafter(kind, tiny_target(seed=6, vocab=16), 6, scale=0.05).heads
+    assert isinstance(heads, ParallelHeads if kind == "gumiho" else MedusaHeads)
+    width = heads.in_weight.shape[1] if kind == "gumiho" else heads.block_weight.shape[-1]
+    u = torch.randn(3, width, generator=torch.Generator().manual_seed(8))
+    call = (lambda: heads(u, 2)) if kind == "gumiho" else (lambda: heads(u, slice(0, 2)))
+    with torch.no_grad():
+        heads.to_int4()
+        four_bit = call()
+        blocks = heads.int4[1] if kind == "gumiho" else heads.int4
+        if kind == "gumiho":
+            _dequantize_into(heads.int4[0], heads.in_weight)
+        for k, stack in enumerate(blocks):
+            _dequantize_into(stack, heads.block_weight[:, k])
+        heads.int4 = None
+        dequantized = call()
+    assert four_bit.shape == dequantized.shape
+    assert (four_bit - dequantized).abs().max() <= 0.01 * dequantized.abs().max()

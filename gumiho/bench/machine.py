@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 import transformers
 
+from ..int4 import activations
 from ..packed import packs
 from ..profile import cpu_features, cpu_name
 
@@ -37,7 +38,8 @@ def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forwar
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
     packed = pack and not int4 and device.type == "cpu" and packs(dtype)
-    precision = "int4 weights (bf16 products), fp32 activations" if int4 else str(dtype).removeprefix("torch.")
+    precision = (f"int4 weights ({activations()} products), fp32 activations" if int4
+                 else str(dtype).removeprefix("torch."))
     features = cpu_features()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

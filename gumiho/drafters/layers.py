@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..int4 import Int4Stack
 from .config import DrafterConfig
-from .heads import linear_bias, residual_blocks
+from .heads import int4_blocks, linear_bias, residual_blocks
 
 
 class RMSNorm(nn.Module):
@@ -185,9 +186,18 @@ class ParallelHeads(nn.Module):
         self.in_bias = nn.Parameter(linear_bias(heads, 2 * hidden, hidden))
         self.block_weight = nn.Parameter(torch.zeros(heads, blocks, hidden, hidden))
         self.block_bias = nn.Parameter(torch.stack([linear_bias(blocks, hidden, hidden) for _ in range(heads)]))
+        self.int4: tuple[Int4Stack, list[Int4Stack]] | None = None  # set by to_int4
+
+    def to_int4(self) -> None:
+        """For an inference copy on the int4 path: every product in 4 bits; the float weights are no longer read."""
+        self.int4 = Int4Stack(self.in_weight, self.in_bias), int4_blocks(self.block_weight, self.block_bias)
 
     def forward(self, u: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """u: [R, 2H] -> [heads, R, H], from the first `heads` heads (default: all)."""
         n = heads or self.in_weight.shape[0]
-        a = F.silu(torch.baddbmm(self.in_bias[:n, None], u.expand(n, -1, -1), self.in_weight[:n]))
-        return residual_blocks(a, self.block_weight[:n], self.block_bias[:n])
+        first = slice(0, n)
+        if self.int4 is None:
+            a = F.silu(torch.baddbmm(self.in_bias[:n, None], u.expand(n, -1, -1), self.in_weight[:n]))
+            return residual_blocks(a, self.block_weight, self.block_bias, first)
+        a = F.silu(self.int4[0](u.expand(n, -1, -1), first))
+        return residual_blocks(a, self.block_weight, self.block_bias, first, self.int4[1])

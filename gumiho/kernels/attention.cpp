@@ -20,9 +20,10 @@
 namespace {
 
 constexpr int64_t KEY_CHUNK = 64;
-// A call splits across threads only with at least this many multiply-adds per thread: below it a parallel region
-// costs more than it saves (in one thread, AR and lookup ran 2-10% faster on the 2-core AVX2 EPYC, where every
-// decode step and small tree falls below it); a long context on a many-core machine still splits.
+// A call would split across threads only with at least this many multiply-adds per thread; kernels/__init__.py
+// builds this kernel without OpenMP, though, so `at::parallel_for` runs every range in the calling thread: on the
+// 2-core Zen 4 EPYC an OpenMP build made 4- and 8-row calls 1.4x slower, and every decode step and small tree
+// falls below any split that pays there. The grain stays for a build that splits.
 constexpr int64_t WORK_PER_THREAD = int64_t(1) << 21;
 
 // The grain for at::parallel_for over `units` equal shares of `work` multiply-adds: a range shorter than the grain

@@ -164,37 +164,44 @@ void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const
 
 }  // namespace
 
-// x [M, K] fp32; records uint8 [N / 8, K / 32 * 160] (int4.py `pack`). Returns [M, N] fp32.
+// x [M, K] fp32 and records uint8 [N / 8, K / 32 * 160] (int4.py `q4_records`): returns x @ W.T, [M, N] fp32.
+// Batched: x [B, M, K] and records [B, N / 8, K / 32 * 160], matrix b for rows b (a stack of heads in one call).
 torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records) {
     TORCH_CHECK(x.scalar_type() == torch::kFloat && records.scalar_type() == torch::kByte,
                 "q4_matmul: x fp32, records uint8");
-    TORCH_CHECK(x.dim() == 2 && records.dim() == 2, "q4_matmul: 2-D tensors only");
+    TORCH_CHECK(x.dim() == records.dim() && (x.dim() == 2 || x.dim() == 3),
+                "q4_matmul: x [(B,) M, K] with records [(B,) N / 8, bytes]");
+    const bool batched = x.dim() == 3;
     x = x.contiguous();
     records = records.contiguous();
-    const int64_t M = x.size(0), K = x.size(1), groups = records.size(0), N = groups * OUTS, blocks = K / BLOCK;
-    TORCH_CHECK(K % BLOCK == 0 && records.size(1) == blocks * RECORD, "q4_matmul: inconsistent shapes");
-    auto xq = torch::empty({M, K}, x.options().dtype(torch::kChar));
-    auto dx = torch::empty({M, blocks}, x.options()), sx = torch::empty({M, blocks}, x.options());
-    for (int64_t r = 0; r < M; ++r)
+    const int64_t B = batched ? x.size(0) : 1, M = x.size(-2), K = x.size(-1), groups = records.size(-2);
+    const int64_t N = groups * OUTS, blocks = K / BLOCK;
+    TORCH_CHECK(K % BLOCK == 0 && records.size(-1) == blocks * RECORD && (!batched || records.size(0) == B),
+                "q4_matmul: inconsistent shapes");
+    auto xq = torch::empty({B * M, K}, x.options().dtype(torch::kChar));
+    auto dx = torch::empty({B * M, blocks}, x.options()), sx = torch::empty({B * M, blocks}, x.options());
+    for (int64_t r = 0; r < B * M; ++r)
         quantize_row(x.data_ptr<float>() + r * K, K, xq.data_ptr<int8_t>() + r * K, dx.data_ptr<float>() + r * blocks,
                      sx.data_ptr<float>() + r * blocks);
-    auto out = torch::empty({M, N}, x.options());
+    auto out = batched ? torch::empty({B, M, N}, x.options()) : torch::empty({M, N}, x.options());
     const uint8_t* rp = records.data_ptr<uint8_t>();
     const int8_t* qp = xq.data_ptr<int8_t>();
     const float* dp = dx.data_ptr<float>();
     const float* sp = sx.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
-        for (int64_t g = g0; g < g1; ++g) {
-            const uint8_t* rec = rp + g * blocks * RECORD;
+    at::parallel_for(0, B * groups, 8, [&](int64_t begin, int64_t end) {
+        for (int64_t unit = begin; unit < end; ++unit) {
+            const int64_t b = unit / groups, g = unit % groups;
+            const uint8_t* rec = rp + unit * blocks * RECORD;
             for (int64_t r = 0; r < M; r += MAX_ROWS) {
-                const int64_t at = r * blocks;
-                float* o = op + r * N + g * OUTS;
+                const int64_t row = b * M + r, at = row * blocks;
+                const int8_t* xr = qp + row * K;
+                float* o = op + row * N + g * OUTS;
                 switch (std::min<int64_t>(MAX_ROWS, M - r)) {
-                    case 1: record_rows<1>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
-                    case 2: record_rows<2>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
-                    case 3: record_rows<3>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
-                    default: record_rows<4>(rec, blocks, qp + r * K, dp + at, sp + at, K, o, N); break;
+                    case 1: record_rows<1>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
+                    case 2: record_rows<2>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
+                    case 3: record_rows<3>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
+                    default: record_rows<4>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
                 }
             }
         }
