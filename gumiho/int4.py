@@ -210,17 +210,20 @@ class Int4Linear(torch.nn.Module):
 
 
 def quantize_linears(module: torch.nn.Module) -> int:
-    """Swap every nn.Linear under `module` whose input size is a multiple of 32 for an Int4Linear; returns how
-    many. For inference copies only: the swapped layers no longer train."""
+    """Swap every nn.Linear under `module` whose input size is a multiple of 32 for an Int4Linear, and give the MLP
+    heads' stacked weights their 4-bit stacks (modules with a `to_int4`); returns how many were changed. For
+    inference copies only: the swapped layers no longer train."""
     swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear) and child.in_features % GROUP == 0:
             setattr(module, name, Int4Linear(child))
             swapped += 1
-        else:
-            swapped += quantize_linears(child)
+            continue
+        if hasattr(child, "to_int4"):
+            child.to_int4()
+            swapped += 1
+        swapped += quantize_linears(child)
     return swapped
-
 
 
 def q4_records(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -273,9 +273,6 @@ class Target:
             if isinstance(getattr(drafter, "transformer", None), DraftTransformer):
                 fuse_projections(drafter.transformer, Int4Matrix.quantize)
             quantize_linears(drafter)
-            for module in drafter.modules():  # MLP heads keep stacked weights, not nn.Linear layers
-                if hasattr(module, "to_int4"):
-                    module.to_int4()
             drafter.quantize_head()
         elif self.pack:
             pack_linears(drafter)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
