@@ -196,7 +196,7 @@ def race_headline(traces: list[GenerationTrace]) -> str:
     return " · ".join(parts)
 
 
-ROUNDING = {"bfloat16": "bf16", "float16": "fp16", "int4": "bf16"}  # paths whose tree and AR forwards round apart
+ROUNDING = {"bfloat16": "bf16", "float16": "fp16", "int4": "int4"}  # paths whose tree and AR forwards round apart
 
 
 def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:

@@ -267,7 +267,7 @@ def test_int4_is_identical_to_ar_with_the_row_consistent_attention_and_equal_up_
     exact = render.race_texts_html([on_int4(t, "row-consistent") for t in race_traces()])
     assert "identical to AR" in exact and "rounding" not in exact
     sdpa = render.race_texts_html([on_int4(t, "sdpa") for t in race_traces()])
-    assert "equal to AR up to bf16 rounding" in sdpa
+    assert "equal to AR up to int4 rounding" in sdpa
 
 
 def test_timeline_and_divergence_helpers():
