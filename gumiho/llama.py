@@ -28,7 +28,8 @@ from .kernels import row_attention
 from .packed import PackedMatrix
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-PREFILL_ROWS = 64  # on the int4 path a prompt this long may take the float weights (LeanLlama._fastest_prefill)
+PREFILL_ROWS = (64, 256)  # on the int4 path a prompt this long may take the float weights: the products are timed
+# at these row counts (LeanLlama._fastest_prefill), and a prompt takes them from the crossing point on
 PREFILL_DTYPES = (torch.float32, torch.bfloat16)  # the float weights' dtypes a long prompt's prefill may take
 ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
@@ -105,6 +106,20 @@ class _Layer:
     down: Matrix
 
 
+def prefill_choice(times: dict[torch.dtype | None, tuple[float, float]]) -> tuple[torch.dtype | None, int]:
+    """From the times of one layer's products at the two PREFILL_ROWS counts, per float dtype and for the 4-bit
+    weights (key None): the dtype fastest at the longer count and the prompt length from which it beats 4 bits, or
+    (None, 0) where 4 bits stay the fastest."""
+    short, long = PREFILL_ROWS
+    best = min(times, key=lambda dtype: times[dtype][1])
+    if best is None:
+        return None, 0
+    gain_short, gain_long = (times[None][i] - times[best][i] for i in (0, 1))
+    if gain_short >= 0:
+        return best, short
+    return best, round(short + (long - short) * -gain_short / (gain_long - gain_short))
+
+
 class LeanLlama:
     """The decoder stack of a transformers Llama-family model, run without its modules (weights shared or cast)."""
 
@@ -139,7 +154,9 @@ class LeanLlama:
 
             self.layers = layers(self._fused)
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits.
-            self.prefill_dtype = self._fastest_prefill(decoder.layers[0]) if int4 is not None else None
+            self.prefill_dtype, self.prefill_from = None, 0
+            if int4 is not None:
+                self.prefill_dtype, self.prefill_from = self._fastest_prefill(decoder.layers[0])
             self.prefill_layers: list[_Layer] | None = None
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
@@ -204,16 +221,17 @@ class LeanLlama:
             down=fused("mlp.down_proj"),
         )
 
-    def _fastest_prefill(self, first: torch.nn.Module) -> torch.dtype | None:
-        """The float dtype (of PREFILL_DTYPES) whose products over PREFILL_ROWS rows, one layer's, are the fastest on
-        this machine when faster than the 4-bit ones, else None (medians of 5). On a 2-core AVX2 EPYC fp32 takes half
-        the 4-bit time at 64 rows and 0.4x at 256 (the 4-bit kernel is made for a few rows), and bf16 is slower than
-        fp32; on a CPU with bf16 units bf16 takes 0.35-0.5x fp32's time; a CPU whose 4-bit kernel is fast for many
-        rows keeps it."""
+    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int]:
+        """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of
+        PREFILL_ROWS rows, and from how many rows it beats the 4-bit ones (where the two times, taken as linear in
+        the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of 5).
+        On the 2-core Zen 4 EPYC the 8-bit-activation kernel beats bf16 at 64 rows (58.6 against 72.5 ms for a
+        whole prefill) and loses at 256 (314 against 227) and 800 (1,142 against 889): the crossing is near 90
+        rows. On the AVX2 EPYC, with torch's kernel, fp32 took half the 4-bit time at 64 rows."""
         hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
 
-        def median_s(layer: _Layer) -> float:
-            x, y = torch.randn(PREFILL_ROWS, hidden), torch.randn(PREFILL_ROWS, inner)
+        def median_s(layer: _Layer, rows: int) -> float:
+            x, y = torch.randn(rows, hidden), torch.randn(rows, inner)
             times = []
             for _ in range(5):
                 start = time.perf_counter()
@@ -227,9 +245,10 @@ class LeanLlama:
                                             lambda names, *linears, d=dtype: self._float_for_prefill(d, *linears))
         with torch.inference_mode():
             for layer in candidates.values():
-                median_s(layer)  # first calls pay one-time costs
-            times = {dtype: median_s(layer) for dtype, layer in candidates.items()}
-        return min(times, key=times.get)
+                median_s(layer, PREFILL_ROWS[0])  # first calls pay one-time costs
+            times = {dtype: tuple(median_s(layer, rows) for rows in PREFILL_ROWS)
+                     for dtype, layer in candidates.items()}
+        return prefill_choice(times)
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
@@ -255,7 +274,7 @@ class LeanLlama:
 
         `mask` [n, past + n] bool (True = attend) for a tree; None means causal. A batch of sequences (one cache
         row each) passes tokens and positions [batch, n], a mask [batch, n, past + n] or None, and gets
-        [batch, n, hidden]. `prefill`: a prompt's tokens, which on the int4 path (from PREFILL_ROWS of them, where
+        [batch, n, hidden]. `prefill`: a prompt's tokens, which on the int4 path (from `prefill_from` of them, where
         measured faster) go through the float weights; a decode step or a tree never does, so that every
         verified row is computed as a one-token step would be.
         """
@@ -264,7 +283,7 @@ class LeanLlama:
                                 prefill)[0]
         b, n = tokens.shape
         layers = self.layers
-        if prefill and self.prefill_layers is not None and n >= PREFILL_ROWS:
+        if prefill and self.prefill_layers is not None and n >= self.prefill_from:
             layers = self.prefill_layers
         past = cache.length
         cache.reserve(past + n)

@@ -98,11 +98,11 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
     """Where the machine measures float products faster for many rows, the prompt takes them: its features are
     those of the model's float weights (close to, not equal to, the 4-bit ones; in bf16, to bf16 rounding), and
     since AR and speculation share the prefill, greedy speculation still equals this path's AR."""
-    monkeypatch.setattr(LeanLlama, "_fastest_prefill", lambda self, first: dtype)
+    monkeypatch.setattr(LeanLlama, "_fastest_prefill", lambda self, first: (dtype, PREFILL_ROWS[0]))
     engine = tiny_int4_engine(3)
     target = engine.target
     assert target.lean.prefill_layers is not None and target.lean.prefill_dtype == dtype
-    ids = torch.randint(0, 16, (PREFILL_ROWS + 16,), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 16,), generator=torch.Generator().manual_seed(3))
     as_prefill = target.features(ids, target.new_cache(), prefill=True)
     as_tree = target.features(ids, target.new_cache())
     fp32 = target_for(engine.target, ExecPath("float32", pack=False)).features(ids, target.new_cache())
@@ -110,7 +110,7 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
     assert (as_prefill - fp32).abs().max() < within
     if dtype == torch.float32:
         assert (as_tree - fp32).abs().max() > within
-    short = ids[: PREFILL_ROWS - 1]  # a short prompt stays on the 4-bit products
+    short = ids[: PREFILL_ROWS[0] - 1]  # a short prompt stays on the 4-bit products
     assert torch.equal(target.features(short, target.new_cache(), prefill=True),
                        target.features(short, target.new_cache()))
     ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids.tolist())
@@ -120,8 +120,19 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
         assert run.token_ids == ar.token_ids, method
 
 
+def test_a_prompt_takes_the_float_weights_from_where_they_beat_4_bits():
+    from gumiho.llama import prefill_choice
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    # The Zen 4 EPYC's whole prefills (ms) at 64 and 256 tokens: bf16 wins from about 90 tokens
+    crossing = prefill_choice({None: (58.6, 313.8), fp32: (137.2, 442.0), bf16: (72.5, 226.6)})
+    assert crossing[0] == bf16 and 85 <= crossing[1] <= 95
+    assert prefill_choice({None: (90.0, 400.0), fp32: (60.0, 200.0), bf16: (70.0, 250.0)}) == (fp32, PREFILL_ROWS[0])
+    assert prefill_choice({None: (50.0, 200.0), fp32: (60.0, 210.0), bf16: (70.0, 250.0)}) == (None, 0)
+
+
 def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
-    monkeypatch.setattr(LeanLlama, "_fastest_prefill", lambda self, first: None)
+    monkeypatch.setattr(LeanLlama, "_fastest_prefill", lambda self, first: (None, 0))
     assert tiny_int4_engine(0).target.lean.prefill_layers is None
 
 
