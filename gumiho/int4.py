@@ -104,19 +104,20 @@ class Int4Matrix:
         return y[:, : self.out_features].float().t().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1])
+        # A decode step makes 120 of these calls: each Python-level operation skipped here saves about 0.1 ms a step
+        rows = x.view(-1, self.in_features) if x.is_contiguous() else x.reshape(-1, self.in_features)
         if self.kernel is not None:
-            y = self.kernel.q4_matmul(rows.float(), self.records)
+            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
                                                            self.scales_and_zeros)
-        if y.shape[-1] != self.out_features:
+        if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
-        y = y.to(x.dtype)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
 
 class Int4Stack:
