@@ -134,8 +134,8 @@ class ExecPath:
 def candidate_paths(device: torch.device, forward: str = "lean") -> list[ExecPath]:
     """What is measured on this device. On a CPU: every dtype (fp32, bf16 and fp16, whether or not the processor
     has half-precision units: one-row half-precision products can win without them), packed where oneDNN packs,
-    and int4 weights where torch has the kernel and the lean forward runs. A GPU gets the half-precision dtype it
-    was loaded in: a second copy of a GPU-sized model may not fit. The transformers forward is measured only for
+    and int4 weights where a 4-bit kernel runs (ours or torch's) and so does the lean forward. A GPU gets the
+    half-precision dtype it was loaded in: a second copy of a GPU-sized model may not fit. The transformers forward is measured only for
     models the lean forward does not run: where both run, the lean one does the same arithmetic with less around
     it (docs/benchmarks.md has the comparison)."""
     if device.type == "cuda":  # one path: a second copy of a GPU-sized model in another dtype may not fit

@@ -182,8 +182,8 @@ class Target:
             self.forward = "transformers"
         if self.int4:
             if self.forward != "lean" or self.device.type != "cpu" or not int4_available():
-                raise GumihoError("int4 weights need the lean forward of a Llama-family model, on a CPU whose torch "
-                                  "has the int4 kernel")
+                raise GumihoError("int4 weights need the lean forward of a Llama-family model, on a CPU with a "
+                                  "4-bit kernel (a C++ compiler to build ours, or a torch with its own)")
             blocks = default_q4_1_blocks(self.model.config) if self.name == DEFAULT_MODEL else {}
             self._lean = LeanLlama(self.model, int4=blocks)
             kernel = q8_matmul()
