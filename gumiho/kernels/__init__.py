@@ -50,11 +50,17 @@ def _flags(name: str, capability: str) -> list[str]:
     """Compiler flags: vector units where torch found them (and VNNI's 8-bit dot products where the processor has
     them), and OpenMP for the matrix products, without which `at::parallel_for` runs on one thread (the 2-core Zen
     4 EPYC: the 8-bit head's one row 1.8 -> 0.9 ms). The attention stays on one thread: its work per call is too
-    small to split, and built with OpenMP it ran 1.5-2x slower there even so."""
+    small to split, and built with OpenMP it ran 1.4x slower there at 4-8 rows."""
     vector = ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
     if vector and {"avx512_vnni", "avx512vl"} <= _cpu_flags():
         vector += ["-mavx512vnni", "-mavx512vl"]
-    return ["-O3", *vector] + (["-fopenmp"] if name in THREADED else [])
+    return ["-O3", *vector] + _openmp(name)
+
+
+def _openmp(name: str) -> list[str]:
+    """-fopenmp for a kernel that splits its work, where the compiler takes it (Apple's clang does not: there the
+    kernel builds without it and runs on one thread)."""
+    return ["-fopenmp"] if name in THREADED and sys.platform != "darwin" else []
 
 
 def _import_built(module: str, folder: Path) -> ModuleType | None:
@@ -99,7 +105,7 @@ def _build(name: str) -> ModuleType | None:
                 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
             (folder / "lock").unlink(missing_ok=True)  # torch's: left by a process that died building
             return load(name=module, sources=[str(source)], extra_cflags=_flags(name, capability),
-                        extra_ldflags=["-fopenmp"] if name in THREADED else [], build_directory=str(folder),
+                        extra_ldflags=_openmp(name), build_directory=str(folder),
                         verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: fall back, and say why once
         log.warning("the %s kernel is unavailable (%s): using torch's own operations, which round a tree's rows "
