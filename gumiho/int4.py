@@ -5,8 +5,8 @@ such weights, and `Int4Matrix` takes the first that is there:
 
 - kernels/q4_matmul.cpp (ours, compiled on first use): the activations rounded to 8 bits per block of 32, exact
   integer dot products (VNNI where the processor has it), fp32 scales. It is llama.cpp's arithmetic for a Q4_1
-  file. On a 2-core Zen 4 EPYC, the 120 products of a SmolLM2-135M forward cost 2.0 ms for one row, 4.0 for four
-  and 7.8 for eight, against 5.1, 7.8 and 13.5 with torch's kernel.
+  file. On a 2-core Zen 4 EPYC, the 120 products of a SmolLM2-135M forward cost 2.6 ms for one row, 4.2 for four
+  and 7.5 for eight, against 5.2, 7.9 and 13.2 with torch's kernel (scripts/q4_bench.py).
 - torch's `_weight_int4pack_mm_for_cpu`: bf16 activations, scale s and zero z per group with w = (q - 8) * s + z,
   which is Q4_1 with s = d and z = m + 8d rounded to bf16. It is fast only with bf16 activations, so the input is
   cast to bf16 and the output back.
@@ -130,6 +130,8 @@ class Int4Stack:
         self.kernel = q4_matmul()
         if self.kernel is not None:
             self.records = torch.stack([m.records for m in self.matrices])
+            for i, matrix in enumerate(self.matrices):  # views into the stack: the blocks are held once
+                matrix.records = self.records[i]
             self.bias = bias.detach().clone()
 
     def __call__(self, x: torch.Tensor, which: slice) -> torch.Tensor:
