@@ -80,6 +80,10 @@ class StaticCache:
         self.keys = self.keys[:, rows, :, : self.length].contiguous()
         self.values = self.values[:, rows, :, : self.length].contiguous()
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens (a draft's expansions never survive its call)."""
+        self.length = min(self.length, length)
+
     def crop(self, count: int) -> None:
         """Drop the last `count` tokens (a negative count, as transformers' `DynamicCache.crop` takes, works too)."""
         self.length -= abs(count)
@@ -97,8 +101,10 @@ def _stacked_bias(linears) -> torch.Tensor | None:
 
 
 @dataclass
-class _Layer:
-    input_norm: torch.Tensor
+class LayerWeights:
+    """One decoder layer's weights for `DecoderStack`: the projections that read the same input stacked."""
+
+    input_norm: torch.Tensor | None  # None: the layer reads its input as it is (a draft Transformer's layer 0)
     qkv: Matrix
     o: Matrix
     post_norm: torch.Tensor
@@ -120,7 +126,94 @@ def prefill_choice(times: dict[torch.dtype | None, tuple[float, float]]) -> tupl
     return best, round(short + (long - short) * -gain_short / (gain_long - gain_short))
 
 
-class LeanLlama:
+class DecoderStack:
+    """Llama decoder layers run without modules over a `StaticCache`: the target's lean forward (LeanLlama) and,
+    at inference, a draft Transformer's layers (drafters/base.py) share this loop."""
+
+    def __init__(self, layers: list[LayerWeights], heads: int, kv_heads: int, head_dim: int, eps: float,
+                 inv_freq: torch.Tensor, rope_scale: float, dtype: torch.dtype, device: torch.device):
+        self.layers, self.heads, self.kv_heads, self.head_dim, self.eps = layers, heads, kv_heads, head_dim, eps
+        self.group = heads // kv_heads
+        self.inv_freq, self.rope_scale = inv_freq.float().to(device), rope_scale
+        self.dtype, self.device = dtype, device
+        self._cos = self._sin = torch.empty(0)
+        # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
+        # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
+        consistent = device.type == "cpu" and dtype == torch.float32 and head_dim % 16 == 0
+        self.row_attention = row_attention() if consistent else None
+
+    def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
+        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        if weight is None:
+            return x
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top = int(positions.max()) + 1
+        if self._cos.shape[0] < top:
+            size = max(top, 2 * self._cos.shape[0], 1024)
+            freqs = torch.arange(size, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq
+            angles = torch.cat([freqs, freqs], -1)
+            self._cos = (angles.cos() * self.rope_scale).to(self.dtype)
+            self._sin = (angles.sin() * self.rope_scale).to(self.dtype)
+        return self._cos[positions], self._sin[positions]
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, cache: StaticCache, mask: torch.Tensor | None = None,
+            prefill: bool = False, layers: list[LayerWeights] | None = None) -> torch.Tensor:
+        """The layers' output [batch, n, hidden] (before any final norm) for inputs x [batch, n, hidden] at
+        `positions` [batch, n]; their KV go to `cache` at [length, length + n). `mask` [batch, n, past + n] bool
+        (True = attend) or None for causal; `prefill`: a prompt from an empty cache may take SDPA's causal attention."""
+        b, n = x.shape[:2]
+        layers = self.layers if layers is None else layers
+        past = cache.length
+        cache.reserve(past + n)
+        total = past + n
+        h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
+        cos, sin = self._rope_tables(positions)
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [b, n, 1, d]: one row per token, broadcast over heads
+        # A prompt from an empty cache takes SDPA's own causal attention, which skips the masked half (800 tokens:
+        # 7.3 ms a layer against 10.6 with the mask, the same numbers on the 2-core Zen 4 EPYC).
+        causal = prefill and past == 0 and mask is None and n > 1
+        if mask is None and n > 1 and not causal:
+            mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
+        rows_kernel = self.row_attention if n <= ROW_ATTENTION_TOKENS and not prefill else None
+        visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)  # for rows_kernel
+        # For SDPA: query rows ordered (group member, token) under each KV head, so the mask repeats per group
+        # member; additive (0 / -inf) once here, since SDPA would convert a boolean mask in every layer (1-2 ms a
+        # tree forward on a CPU) and gives the same result bit for bit.
+        attn_mask = None
+        if mask is not None and rows_kernel is None:
+            attn_mask = torch.zeros(b, 1, g * n, total, dtype=self.dtype, device=self.device)
+            attn_mask.masked_fill_(~mask.repeat(1, g, 1)[:, None], float("-inf"))
+        for i, layer in enumerate(layers):
+            qkv = layer.qkv(self._rms(x, layer.input_norm)).view(b, n, h + 2 * kvh, d)
+            qk = qkv[:, :, : h + kvh]
+            half = d // 2
+            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+            q = qk[:, :, :h].reshape(b, n, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * n, d)
+            cache.keys[i, :, :, past:total] = qk[:, :, h:].transpose(1, 2)
+            cache.values[i, :, :, past:total] = qkv[:, :, h + kvh :].transpose(1, 2)
+            if rows_kernel is not None:
+                out = rows_kernel.attention(q, cache.keys[i], cache.values[i], visible, n, past, d ** -0.5)
+            elif causal:  # heads in their own order (KV head, group member): each reads KV head // group
+                out = F.scaled_dot_product_attention(q.view(b, h, n, d), cache.keys[i, :, :, :total],
+                                                     cache.values[i, :, :, :total], is_causal=True, enable_gqa=True)
+            else:
+                out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
+                                                     attn_mask=attn_mask)
+            out = out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
+            x = x + layer.o(out)
+            gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, -1)
+            x = x + layer.down(F.silu(gate) * up)
+        cache.length = total
+        return x
+
+
+class LeanLlama(DecoderStack):
     """The decoder stack of a transformers Llama-family model, run without its modules (weights shared or cast)."""
 
     def __init__(self, model: PreTrainedModel, pack: bool = True, int4: dict[str, np.ndarray] | None = None):
@@ -137,35 +230,26 @@ class LeanLlama:
                 and config.model_type == "mistral":
             raise GumihoError("the lean forward does not support sliding-window attention")
         decoder = model.model
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.group = self.heads // self.kv_heads
-        self.eps = config.rms_norm_eps
+        heads = config.num_attention_heads
         self.embed = decoder.embed_tokens.weight
         self.norm = decoder.norm.weight
-        self.dtype, self.device = self.embed.dtype, self.embed.device
         rotary = decoder.rotary_emb
-        self.inv_freq = rotary.inv_freq.float().to(self.device)
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         with torch.inference_mode(False):  # the fused weights must stay usable outside inference mode
-            def layers(matrix: Callable[..., Matrix]) -> list[_Layer]:
+            def layers(matrix: Callable[..., Matrix]) -> list[LayerWeights]:
                 return [self._layer(f"model.layers.{i}", layer, matrix) for i, layer in enumerate(decoder.layers)]
 
-            self.layers = layers(self._fused)
+            super().__init__(layers(self._fused), heads, config.num_key_value_heads,
+                             getattr(config, "head_dim", None) or config.hidden_size // heads, config.rms_norm_eps,
+                             rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)), self.embed.dtype,
+                             self.embed.device)
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits.
             self.prefill_dtype, self.prefill_from = None, 0
             if int4 is not None:
                 self.prefill_dtype, self.prefill_from = self._fastest_prefill(decoder.layers[0])
-            self.prefill_layers: list[_Layer] | None = None
+            self.prefill_layers: list[LayerWeights] | None = None
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
                                                                                              *linears))
-        self._cos = self._sin = torch.empty(0)
-        # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
-        # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
-        consistent = self.device.type == "cpu" and self.dtype == torch.float32 and self.head_dim % 16 == 0
-        self.row_attention = row_attention() if consistent else None
 
     def _fused(self, names: list[str], *linears) -> Matrix:
         """One matrix for several projections that read the same input: 4-bit on the int4 path, else float."""
@@ -206,13 +290,13 @@ class LeanLlama:
             return Int4Matrix.from_q4_1(np.concatenate([self.int4[name] for name in names]), bias)
         return Int4Matrix.quantize(torch.cat([lin.weight.detach() for lin in linears]), bias)
 
-    def _layer(self, prefix: str, layer, matrix: Callable[..., Matrix]) -> _Layer:
+    def _layer(self, prefix: str, layer, matrix: Callable[..., Matrix]) -> LayerWeights:
         """The layer's weights; `matrix(names, *linears)` stacks projections that read the same input."""
 
         def fused(*modules: str) -> Matrix:
             return matrix([f"{prefix}.{m}" for m in modules], *(layer.get_submodule(m) for m in modules))
 
-        return _Layer(
+        return LayerWeights(
             input_norm=layer.input_layernorm.weight.detach(),
             qkv=fused("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
             o=fused("self_attn.o_proj"),
@@ -230,7 +314,7 @@ class LeanLlama:
         rows. On the AVX2 EPYC, with torch's kernel, fp32 took half the 4-bit time at 64 rows."""
         hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
 
-        def median_s(layer: _Layer, rows: int) -> float:
+        def median_s(layer: LayerWeights, rows: int) -> float:
             x, y = torch.randn(rows, hidden), torch.randn(rows, inner)
             times = []
             for _ in range(5):
@@ -239,7 +323,7 @@ class LeanLlama:
                 times.append(time.perf_counter() - start)
             return statistics.median(times)
 
-        candidates: dict[torch.dtype | None, _Layer] = {None: self.layers[0]}
+        candidates: dict[torch.dtype | None, LayerWeights] = {None: self.layers[0]}
         for dtype in PREFILL_DTYPES:
             candidates[dtype] = self._layer("model.layers.0", first,
                                             lambda names, *linears, d=dtype: self._float_for_prefill(d, *linears))
@@ -249,24 +333,6 @@ class LeanLlama:
             times = {dtype: tuple(median_s(layer, rows) for rows in PREFILL_ROWS)
                      for dtype, layer in candidates.items()}
         return prefill_choice(times)
-
-    def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
-        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
-
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
-
-    def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        top = int(positions.max()) + 1
-        if self._cos.shape[0] < top:
-            size = max(top, 2 * self._cos.shape[0], 1024)
-            freqs = torch.arange(size, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq
-            angles = torch.cat([freqs, freqs], -1)
-            self._cos = (angles.cos() * self.rope_scale).to(self.dtype)
-            self._sin = (angles.sin() * self.rope_scale).to(self.dtype)
-        return self._cos[positions], self._sin[positions]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
                 mask: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
@@ -281,50 +347,8 @@ class LeanLlama:
         if tokens.dim() == 1:
             return self.forward(tokens[None], positions[None], cache, None if mask is None else mask[None],
                                 prefill)[0]
-        b, n = tokens.shape
         layers = self.layers
-        if prefill and self.prefill_layers is not None and n >= self.prefill_from:
+        if prefill and self.prefill_layers is not None and tokens.shape[1] >= self.prefill_from:
             layers = self.prefill_layers
-        past = cache.length
-        cache.reserve(past + n)
-        total = past + n
-        h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
-        cos, sin = self._rope_tables(positions)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [b, n, 1, d]: one row per token, broadcast over heads
-        # A prompt from an empty cache takes SDPA's own causal attention, which skips the masked half (800 tokens:
-        # 7.3 ms a layer against 10.6 with the mask, the same numbers on the 2-core Zen 4 EPYC).
-        causal = prefill and past == 0 and mask is None and n > 1
-        if mask is None and n > 1 and not causal:
-            mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
-        rows_kernel = self.row_attention if n <= ROW_ATTENTION_TOKENS and not prefill else None
-        visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)  # for rows_kernel
-        # For SDPA: query rows ordered (group member, token) under each KV head, so the mask repeats per group
-        # member; additive (0 / -inf) once here, since SDPA would convert a boolean mask in every layer (1-2 ms a
-        # tree forward on a CPU) and gives the same result bit for bit.
-        attn_mask = None
-        if mask is not None and rows_kernel is None:
-            attn_mask = torch.zeros(b, 1, g * n, total, dtype=self.dtype, device=self.device)
-            attn_mask.masked_fill_(~mask.repeat(1, g, 1)[:, None], float("-inf"))
-        x = F.embedding(tokens, self.embed)
-        for i, layer in enumerate(layers):
-            qkv = layer.qkv(self._rms(x, layer.input_norm)).view(b, n, h + 2 * kvh, d)
-            qk = qkv[:, :, : h + kvh]
-            half = d // 2
-            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
-            q = qk[:, :, :h].reshape(b, n, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * n, d)
-            cache.keys[i, :, :, past:total] = qk[:, :, h:].transpose(1, 2)
-            cache.values[i, :, :, past:total] = qkv[:, :, h + kvh :].transpose(1, 2)
-            if rows_kernel is not None:
-                out = rows_kernel.attention(q, cache.keys[i], cache.values[i], visible, n, past, d ** -0.5)
-            elif causal:  # heads in their own order (KV head, group member): each reads KV head // group
-                out = F.scaled_dot_product_attention(q.view(b, h, n, d), cache.keys[i, :, :, :total],
-                                                     cache.values[i, :, :, :total], is_causal=True, enable_gqa=True)
-            else:
-                out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
-                                                     attn_mask=attn_mask)
-            out = out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
-            x = x + layer.o(out)
-            gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, -1)
-            x = x + layer.down(F.silu(gate) * up)
-        cache.length = total
+        x = self.run(F.embedding(tokens, self.embed), positions, cache, mask, prefill, layers)
         return self._rms(x, self.norm)

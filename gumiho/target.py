@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from .errors import GumihoError
 from .gguf_blocks import q4_1_blocks
 from .int4 import CastMatrix, Int4Matrix, Q8Matrix, int4_available, quantize_linears
-from .drafters.layers import DraftTransformer, fuse_projections
 from .kernels import q8_matmul
+from .drafters.base import FeatureDrafter
 from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
@@ -269,9 +269,9 @@ class Target:
         matmuls for inference: oneDNN-packed fp32 where `pack`, 4-bit on the int4 path (its draft head included:
         a draft only has to rank tokens, never to match the target's logits). Returns it in eval mode."""
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
+        if isinstance(drafter, FeatureDrafter):
+            drafter.use_lean(Int4Matrix.quantize if self.int4 else lambda weight: PackedMatrix(weight, pack=self.pack))
         if self.int4:
-            if isinstance(getattr(drafter, "transformer", None), DraftTransformer):
-                fuse_projections(drafter.transformer, Int4Matrix.quantize)
             quantize_linears(drafter)
             drafter.quantize_head()
         elif self.pack:

@@ -136,29 +136,36 @@ def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
     assert tiny_int4_engine(0).target.lean.prefill_layers is None
 
 
+@pytest.mark.parametrize("path", ["int4", "float32"])
 @pytest.mark.parametrize("kind", ["eagle2", "gumiho"])
-def test_a_4bit_drafter_fuses_its_projections_and_drafts_as_before(kind):
-    """On the int4 path q/k/v and gate/up are one product each; 4-bit groups run along the input, so each row is
-    quantized as before and the draft is the same, bit for bit."""
-    from gumiho.drafters.layers import fuse_projections
+def test_the_lean_draft_layers_draft_as_the_modules_do(kind, path):
+    """For inference the draft layers run as a llama.DecoderStack (fused q/k/v and gate/up products, a pre-allocated
+    cache, the row-consistent attention); 4-bit groups run along the input, so each product is quantized as the
+    module's own would be. Two accepted stretches, so the second advance reads the cache the first one wrote."""
     from gumiho.int4 import quantize_linears
+    from gumiho.llama import StaticCache
 
-    target = target_for(tiny_target(seed=4, vocab=16), ExecPath("int4", pack=False))
-    fused = target.prepare_drafter(random_drafter(kind, target, seed=4, scale=1.0))
-    assert all(layer.gate_up is not None and layer.self_attn.qkv is not None for layer in fused.transformer.layers)
-    separate = random_drafter(kind, target, seed=4, scale=1.0)
-    separate.attach(target.embed_weight, target.head_weight, pack=False)
-    quantize_linears(separate)
-    separate.quantize_head()
-    assert all(layer.gate_up is None for layer in separate.transformer.layers)
-    features, tokens = torch.randn(5, target.hidden_size), torch.randint(0, 16, (5,))
+    target = target_for(tiny_target(seed=4, vocab=16), ExecPath(path, pack=False))
+    lean = target.prepare_drafter(random_drafter(kind, target, seed=4, scale=1.0))
+    assert lean.lean is not None and isinstance(lean.cache, StaticCache)
+    modules = random_drafter(kind, target, seed=4, scale=1.0)
+    modules.attach(target.embed_weight, target.head_weight, pack=False)
+    if path == "int4":
+        quantize_linears(modules)
+        modules.quantize_head()
+    assert modules.lean is None
+    features, tokens = torch.randn(8, target.hidden_size), torch.randint(0, 16, (8,))
     tree = TreeSettings(top_k=3, depth=4, total_tokens=12, mlptopk=3, pruning=3)
     pools = []
-    for drafter in (fused, separate):
+    for drafter in (lean, modules):
         drafter.reset()
-        pools.append(drafter.propose(features, tokens, tree))
-    for name in ("tokens", "parents", "scores"):
+        drafter.propose(features[:5], tokens[:5], tree)
+        pools.append(drafter.propose(features[5:], tokens[5:], tree))
+        assert drafter.cache.length == 8  # the expansions' keys and values are gone
+    for name in ("tokens", "parents"):
         assert all(torch.equal(a, b) for a, b in zip(getattr(pools[0], name), getattr(pools[1], name))), name
+    for a, b in zip(pools[0].scores, pools[1].scores):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_every_dtype_and_int4_are_candidates_on_any_cpu(monkeypatch):

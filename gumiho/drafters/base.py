@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -23,6 +24,7 @@ from torch import nn
 from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
 from ..int4 import Int4Matrix
+from ..llama import DecoderStack, StaticCache
 from ..packed import PackedMatrix
 from ..sampling import SamplingConfig
 from ..static_tree import layout
@@ -30,7 +32,7 @@ from ..trace import JointCheck
 from ..tree import DraftPool, DraftTree, TreeSettings
 from ..verify import Acceptance as Verdict, LazyLogits, verify
 from .config import DrafterConfig
-from .layers import DraftTransformer, KVCache
+from .layers import DraftTransformer, KVCache, lean_stack
 
 
 class Drafter(nn.Module):
@@ -181,36 +183,49 @@ class Drafter(nn.Module):
 
 class FeatureDrafter(Drafter):
     """A drafter with EAGLE's feature-level Transformer (fc + `config.num_layers` decoder layers) and its own KV cache
-    over the accepted prefix (docs/design.md §4)."""
+    over the accepted prefix (docs/design.md §4). For inference (`Target.prepare_drafter`) the layers run as a
+    `llama.DecoderStack` (`use_lean`); training runs the modules."""
 
     def __init__(self, config: DrafterConfig):
         super().__init__(config)
         self.transformer = DraftTransformer(config)
-        self.cache = KVCache(config.num_layers)
+        self.lean: DecoderStack | None = None
+        self.cache: KVCache | StaticCache = KVCache(config.num_layers)
+
+    def use_lean(self, matrix: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        """Run the draft layers as the target's lean forward runs its own (`layers.lean_stack`), their products made
+        by `matrix(weight)`. For an inference copy: the modules' weights are no longer read at inference."""
+        self.lean = lean_stack(self.transformer, self.config, matrix)
+        self.reset()
 
     def reset(self) -> None:
-        self.cache = KVCache(self.config.num_layers)
+        self.cache = self.lean.new_cache() if self.lean is not None else KVCache(self.config.num_layers)
+
+    def _layers(self, fused: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The draft layers over fused inputs [T, H] at `positions` [T] after the cached prefix; `mask` [T, past + T]
+        bool or None (causal). Returns [T, H]."""
+        if self.lean is not None:  # a prompt from an empty cache takes SDPA's causal attention
+            prefill = self.cache.length == 0 and mask is None
+            return self.lean.run(fused[None], positions[None], self.cache, None if mask is None else mask[None],
+                                 prefill)[0]
+        if mask is None and self.cache.length:
+            past, m = self.cache.length, fused.shape[0]
+            mask = torch.ones(m, past + m, dtype=torch.bool, device=fused.device).tril(past)
+        return self.transformer(fused[None], positions, None if mask is None else mask[None, None], self.cache)[0]
 
     def advance(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Append accepted pairs (f_j, x_{j+1}) to the draft cache; returns the draft output at the last one [H]."""
         past, m = self.cache.length, tokens.shape[0]
         fused = self.transformer.fuse(self.embed(tokens), features.to(self.embed_weight.dtype))
-        positions = torch.arange(past, past + m, device=tokens.device)
-        mask = None
-        if past:
-            mask = torch.ones(m, past + m, dtype=torch.bool, device=tokens.device)
-            mask[:, past:] = torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
-            mask = mask[None, None]
-        return self.transformer(fused[None], positions, mask, self.cache)[0, -1]
+        return self._layers(fused, torch.arange(past, past + m, device=tokens.device), None)[-1]
 
     def expand(self, fused: torch.Tensor, position: int, stable: int, own: torch.Tensor) -> torch.Tensor:
         """Run k tree nodes at one position. `own` [k, slots] marks which expansion slots (draft positions written
         after the stable prefix, this call's included) each node may see; the whole stable prefix is visible."""
         k = fused.shape[0]
         prefix = torch.ones(k, stable, dtype=torch.bool, device=fused.device)
-        mask = torch.cat([prefix, own], 1)[None, None]
         positions = torch.full((k,), position, device=fused.device)
-        return self.transformer(fused[None], positions, mask, self.cache)[0]
+        return self._layers(fused, positions, torch.cat([prefix, own], 1))
 
     @torch.inference_mode()
     def propose(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..int4 import Int4Stack
+from ..llama import DecoderStack, LayerWeights
 from .config import DrafterConfig
 from .heads import int4_blocks, linear_bias, residual_blocks
 
@@ -83,17 +84,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
-        self.qkv: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by fuse_projections
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.qkv is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv = self.kv_heads * self.head_dim
-        return self.qkv(x).split([self.heads * self.head_dim, kv, kv], -1)
 
     def forward(self, x, cos_sin, mask, cache: KVCache | None, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self.project(x)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -118,17 +112,12 @@ class DecoderLayer(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.index = index
-        self.gate_up: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by fuse_projections
 
     def forward(self, x, cos_sin, mask, cache: KVCache | None) -> torch.Tensor:
         h = self.input_layernorm(x) if self.input_layernorm is not None else x
         x = x + self.self_attn(h, cos_sin, mask, cache, self.index)
         h = self.post_attention_layernorm(x)
-        if self.gate_up is None:
-            gate, up = self.gate_proj(h), self.up_proj(h)
-        else:
-            gate, up = self.gate_up(h).chunk(2, -1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
 class DraftTransformer(nn.Module):
@@ -158,17 +147,29 @@ class DraftTransformer(nn.Module):
         return x
 
 
-def fuse_projections(transformer: DraftTransformer,
-                     matrix: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
-    """For an inference copy: each layer's q, k and v projections, and its gate and up projections, become one
-    product each (`matrix(stacked weight)`, e.g. `Int4Matrix.quantize`), as in the target's lean forward. On a CPU a
-    draft step's products are small and their per-call cost counts: a Gumiho draft call makes 6 fewer calls per
-    pass. The separate projections stay (the files are unchanged) but are no longer read, nor kept in step with
-    training."""
-    for layer in transformer.layers:
+def lean_stack(transformer: DraftTransformer, config: DrafterConfig,
+               matrix: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> DecoderStack:
+    """The draft layers for inference as the target's lean forward runs its own (llama.DecoderStack): q, k and v
+    one product, gate and up one product (`matrix(stacked weight)`: 4-bit on the int4 path, else float), a
+    pre-allocated KV cache, and the row-consistent attention for the few rows of a draft step. On a CPU a draft
+    step's products are small and what surrounds them (module calls, a cache grown by concatenation, SDPA with a
+    boolean mask) cost more than they do. The modules stay for training; the files are unchanged."""
+
+    def weights(layer: DecoderLayer) -> LayerWeights:
         attn = layer.self_attn
-        attn.qkv = matrix(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach())
-        layer.gate_up = matrix(torch.cat([layer.gate_proj.weight, layer.up_proj.weight]).detach())
+        return LayerWeights(
+            input_norm=None if layer.input_layernorm is None else layer.input_layernorm.weight.detach(),
+            qkv=matrix(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()),
+            o=matrix(attn.o_proj.weight.detach()),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            gate_up=matrix(torch.cat([layer.gate_proj.weight, layer.up_proj.weight]).detach()),
+            down=matrix(layer.down_proj.weight.detach()),
+        )
+
+    attn, weight = transformer.layers[0].self_attn, transformer.fc.weight
+    inv_freq = 1.0 / (attn.theta ** (torch.arange(0, attn.head_dim, 2, dtype=torch.float32) / attn.head_dim))
+    return DecoderStack([weights(layer) for layer in transformer.layers], attn.heads, attn.kv_heads, attn.head_dim,
+                        config.rms_norm_eps, inv_freq, 1.0, weight.dtype, weight.device)
 
 
 class ParallelHeads(nn.Module):
