@@ -98,6 +98,33 @@ def test_a_tree_node_equals_the_one_token_step_on_its_path_bit_for_bit(kernel, p
         assert torch.equal(step, per_node[:, :, :, node]), node
 
 
+@pytest.mark.parametrize("past", [0, 5, 300])
+@pytest.mark.parametrize("parents", [[-1], [-1, 0, 0, 1]])
+def test_attend_rotates_writes_the_cache_and_attends_as_the_torch_path_does(kernel, past, parents):
+    """`attend` takes a layer's fused projection: its output, and the keys and values it writes, are the lean
+    forward's torch path (llama.DecoderStack._attention) up to rounding, the query heads grouped by KV head."""
+    from gumiho.llama import DecoderStack, StaticCache
+
+    n, heads = len(parents), KV_HEADS * GROUP
+    g = torch.Generator().manual_seed(past + n)
+    qkv = torch.randn(2, n, (heads + 2 * KV_HEADS) * D, generator=g)
+    angles = torch.rand(2, n, D // 2, generator=g) * 6.0
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    visible = tree_visibility(parents, past, batch=2)
+    stack = DecoderStack([], heads, KV_HEADS, D, 1e-5, torch.ones(D // 2), 1.0, torch.float32, torch.device("cpu"))
+    ours, theirs = (StaticCache(1, KV_HEADS, D, torch.float32, torch.device("cpu"), batch=2) for _ in range(2))
+    keys, values = cache(batch=2, seed=past)
+    for c in (ours, theirs):
+        c.keys[0], c.values[0], c.length = keys, values, past
+    out = kernel.attend(qkv, cos, sin, ours.keys[0], ours.values[0], visible, heads, past, D ** -0.5)
+    mask = torch.zeros(2, 1, GROUP * n, past + n)
+    mask.masked_fill_(~visible.repeat(1, GROUP, 1)[:, None], float("-inf"))
+    expected = stack._attention(qkv, cos, sin, theirs, 0, False, mask)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ours.values, theirs.values)
+
+
 def test_the_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("GUMIHO_KERNELS", "0")
     for build in (kernels.row_attention, kernels.q8_matmul, kernels.q4_matmul):

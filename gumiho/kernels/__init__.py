@@ -116,7 +116,8 @@ def _build(name: str) -> ModuleType | None:
 
 @lru_cache(maxsize=None)
 def row_attention() -> ModuleType | None:
-    """The compiled attention (its `attention(q, keys, values, visible, n, past, scale)`), or None."""
+    """The compiled attention (its `attention(q, keys, values, visible, n, past, scale)`, and `attend`, the same
+    from a layer's fused projection: rotary and cache writes included), or None."""
     return _build("attention")
 
 

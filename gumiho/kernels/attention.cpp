@@ -266,6 +266,69 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     return out;
 }
 
+// Llama's rotary embedding of one head's row: out = x * cos + rotate_half(x) * sin, a multiply and a multiply-add
+// per element in a fixed order, the same for every row (rotate_half(x) = [-x[d/2:], x[:d/2]]).
+inline void rotate(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < half; ++i) out[i] = std::fma(-x[i + half], sin[i], x[i] * cos[i]);
+    for (int64_t i = half; i < d; ++i) out[i] = std::fma(x[i - half], sin[i], x[i] * cos[i]);
+}
+
+// A layer's attention from its fused projection, for the few rows of a decode step, a tree or a draft step:
+// qkv [B, n, (H + 2 KV) * d] fp32 before the rotary embedding; cos, sin [B, n, d]; keys, values [B, KV, capacity,
+// d], the layer's cache, whose slots [past, past + n) receive the rotated keys and the values. Queries sharing a KV
+// head are grouped as `attention` takes them. Returns [B, n, H * d], ready for the output projection. One call
+// instead of a dozen small torch operations per layer (their dispatch cost more than their arithmetic).
+torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
+                     torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale) {
+    TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
+                sin.scalar_type() == torch::kFloat && keys.scalar_type() == torch::kFloat &&
+                values.scalar_type() == torch::kFloat, "attend: fp32 tensors only");
+    qkv = qkv.contiguous();
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
+    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
+                values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
+                "attend: inconsistent shapes");
+    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attend: key and value rows must be contiguous");
+    auto q = torch::empty({B, KV, G * n, d}, qkv.options());
+    const float* xp = qkv.data_ptr<float>();
+    const float* cp = cos.data_ptr<float>();
+    const float* sp = sin.data_ptr<float>();
+    float* qp = q.data_ptr<float>();
+    float* kp = keys.data_ptr<float>();
+    float* vp = values.data_ptr<float>();
+    const int64_t width = (heads + 2 * KV) * d;
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < n; ++t) {
+            const float* row = xp + (b * n + t) * width;
+            const float* c = cp + (b * n + t) * d;
+            const float* s = sp + (b * n + t) * d;
+            for (int64_t h = 0; h < heads; ++h)  // head h = KV head h / G, member h % G: row (member, token)
+                rotate(row + h * d, c, s, d, qp + ((b * KV + h / G) * G * n + (h % G) * n + t) * d);
+            for (int64_t k = 0; k < KV; ++k) {
+                const int64_t slot = past + t;
+                rotate(row + (heads + k) * d, c, s, d,
+                       kp + b * keys.stride(0) + k * keys.stride(1) + slot * keys.stride(2));
+                std::memcpy(vp + b * values.stride(0) + k * values.stride(1) + slot * values.stride(2),
+                            row + (heads + KV + k) * d, d * sizeof(float));
+            }
+        }
+    }
+    const torch::Tensor grouped = attention(q, keys, values, visible, n, past, scale);  // [B, KV, G * n, d]
+    auto out = torch::empty({B, n, heads * d}, qkv.options());
+    const float* gp = grouped.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t h = 0; h < heads; ++h)
+                std::memcpy(op + ((b * n + t) * heads + h) * d,
+                            gp + ((b * KV + h / G) * G * n + (h % G) * n + t) * d, d * sizeof(float));
+    return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", &attention, "Row-consistent attention (fp32, CPU)");
+    m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection");
 }
