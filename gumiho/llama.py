@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable
 
 import numpy as np
@@ -24,7 +25,7 @@ from transformers import PreTrainedModel
 
 from .errors import GumihoError
 from .int4 import CastMatrix, Int4Matrix
-from .kernels import row_attention
+from .kernels import row_attention, row_ops
 from .packed import PackedMatrix
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -141,16 +142,41 @@ class DecoderStack:
         # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
         consistent = device.type == "cpu" and dtype == torch.float32 and head_dim % 16 == 0
         self.row_attention = row_attention() if consistent else None
+        self.row_ops = row_ops() if consistent else None  # the same rows' norms and gated product, one call each
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity, batch)
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None, ops: ModuleType | None = None) -> torch.Tensor:
         if weight is None:
             return x
+        if ops is not None:
+            return ops.rms_norm(x, weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
+
+    def _add_rms(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 ops: ModuleType | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after a sublayer, and its norm (the next sublayer's input)."""
+        if ops is not None:
+            return ops.add_rms_norm(x, delta, weight, self.eps)
+        x = x + delta
+        return x, self._rms(x, weight)
+
+    @staticmethod
+    def _gated(gate_up: torch.Tensor, ops: ModuleType | None) -> torch.Tensor:
+        if ops is not None:
+            return ops.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, -1)
+        return F.silu(gate) * up
+
+    def row_kernels(self, n: int, prefill: bool) -> tuple[ModuleType | None, ModuleType | None]:
+        """The row-consistent attention and per-row operations for a forward of n rows, where they apply: decode
+        steps, trees and draft steps (a prompt takes torch's operations, SDPA's causal attention among them)."""
+        if n > ROW_ATTENTION_TOKENS or prefill or self.row_attention is None:
+            return None, None
+        return self.row_attention, self.row_ops
 
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         top = int(positions.max()) + 1
@@ -199,7 +225,7 @@ class DecoderStack:
         causal = prefill and past == 0 and mask is None and n > 1
         if mask is None and n > 1 and not causal:
             mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
-        rows_kernel = self.row_attention if n <= ROW_ATTENTION_TOKENS and not prefill else None
+        rows_kernel, ops = self.row_kernels(n, prefill)
         visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)  # for rows_kernel
         # For SDPA: query rows ordered (group member, token) under each KV head, so the mask repeats per group
         # member; additive (0 / -inf) once here, since SDPA would convert a boolean mask in every layer (1-2 ms a
@@ -209,15 +235,14 @@ class DecoderStack:
             attn_mask = torch.zeros(b, 1, self.group * n, total, dtype=self.dtype, device=self.device)
             attn_mask.masked_fill_(~mask.repeat(1, self.group, 1)[:, None], float("-inf"))
         for i, layer in enumerate(layers):
-            qkv = layer.qkv(self._rms(x, layer.input_norm))
+            qkv = layer.qkv(self._rms(x, layer.input_norm, ops))
             if rows_kernel is not None:  # rotary, cache writes and attention in one call
                 out = rows_kernel.attend(qkv, cos, sin, cache.keys[i], cache.values[i], visible, self.heads, past,
                                          self.head_dim ** -0.5)
             else:
                 out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask)
-            x = x + layer.o(out)
-            gate, up = layer.gate_up(self._rms(x, layer.post_norm)).chunk(2, -1)
-            x = x + layer.down(F.silu(gate) * up)
+            x, h = self._add_rms(x, layer.o(out), layer.post_norm, ops)
+            x = x + layer.down(self._gated(layer.gate_up(h), ops))
         cache.length = total
         return x
 
@@ -360,4 +385,4 @@ class LeanLlama(DecoderStack):
         if prefill and self.prefill_layers is not None and tokens.shape[1] >= self.prefill_from:
             layers = self.prefill_layers
         x = self.run(F.embedding(tokens, self.embed), positions, cache, mask, prefill, layers)
-        return self._rms(x, self.norm)
+        return self._rms(x, self.norm, self.row_kernels(tokens.shape[1], prefill)[1])

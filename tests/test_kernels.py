@@ -125,15 +125,37 @@ def test_attend_rotates_writes_the_cache_and_attends_as_the_torch_path_does(kern
     assert torch.equal(ours.values, theirs.values)
 
 
+BUILDS = (kernels.row_attention, kernels.row_ops, kernels.q8_matmul, kernels.q4_matmul)
+
+
+def test_the_row_operations_are_torchs_and_a_row_never_depends_on_the_others():
+    ops = kernels.row_ops()
+    assert ops is not None, "the kernel did not build (see the warning above)"
+    g = torch.Generator().manual_seed(0)
+    x, delta = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g)
+    weight = torch.randn(576, generator=g)
+    eps = 1e-5
+    torch.testing.assert_close(ops.rms_norm(x, weight, eps),
+                               weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)))
+    total, normed = ops.add_rms_norm(x, delta, weight, eps)
+    assert torch.equal(total, x + delta) and torch.equal(normed, ops.rms_norm(x + delta, weight, eps))
+    gate_up = torch.randn(5, 2 * 1536, generator=g)
+    gate, up = gate_up.chunk(2, -1)
+    torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up)
+    for row in range(5):
+        assert torch.equal(ops.rms_norm(x[row : row + 1], weight, eps)[0], ops.rms_norm(x, weight, eps)[row])
+        assert torch.equal(ops.silu_mul(gate_up[row : row + 1])[0], ops.silu_mul(gate_up)[row])
+
+
 def test_the_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("GUMIHO_KERNELS", "0")
-    for build in (kernels.row_attention, kernels.q8_matmul, kernels.q4_matmul):
+    for build in BUILDS:
         build.cache_clear()
     try:
-        assert kernels.row_attention() is None and kernels.q8_matmul() is None and kernels.q4_matmul() is None
+        assert all(build() is None for build in BUILDS)
     finally:
         monkeypatch.delenv("GUMIHO_KERNELS")
-        for build in (kernels.row_attention, kernels.q8_matmul, kernels.q4_matmul):
+        for build in BUILDS:
             build.cache_clear()
 
 

@@ -3,6 +3,7 @@
 - `row_attention()`: the row-consistent attention (attention.cpp) for decode steps and trees.
 - `q8_matmul()`: products with a matrix in 8-bit blocks of 32 (q8_matmul.cpp), the int4 path's lm_head.
 - `q4_matmul()`: products of 8-bit activations with 4-bit blocks (q4_matmul.cpp), the int4/int8 path's linears.
+- `row_ops()`: a decoder layer's per-row operations (rows.cpp): RMS norm, residual sum and norm, SiLU-gated product.
 Each includes simd.h, whose bytes enter each build's hash.
 
 Each returns the compiled module, or None where it cannot be built (no C++ compiler, or GUMIHO_KERNELS=0): callers
@@ -131,3 +132,9 @@ def q8_matmul() -> ModuleType | None:
 def q4_matmul() -> ModuleType | None:
     """The compiled 8-bit by 4-bit block product (its `q4_matmul(x, records)`), or None."""
     return _build("q4_matmul")
+
+
+@lru_cache(maxsize=None)
+def row_ops() -> ModuleType | None:
+    """The compiled per-row operations (its `rms_norm`, `add_rms_norm` and `silu_mul`), or None."""
+    return _build("rows")

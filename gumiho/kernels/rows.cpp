@@ -1,0 +1,103 @@
+// The per-row operations of a decoder layer for the few rows of a decode step, a tree or a draft step on a CPU
+// (gumiho/kernels/__init__.py): RMS norm, the residual sum with its norm, the SiLU-gated product. Each is one call
+// where torch takes four to six small operations, whose dispatch costs more than their arithmetic at these sizes
+// (an RMS norm in torch: a cast, a square, a mean, an add, a reciprocal square root and two products).
+//
+// A row's result never depends on the other rows of the call: the same operations in the same order for every row
+// (sums eight lanes wide, then a fixed horizontal sum), so a tree's rows equal one-token steps bit for bit.
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+
+#include "simd.h"
+
+namespace {
+
+float sum_of_squares(const float* x, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 s = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        s = _mm256_fmadd_ps(v, v, s);
+    }
+    float total = hsum8(s);
+    for (; i < n; ++i) total += x[i] * x[i];
+    return total;
+#else
+    float total = 0.f;
+    for (int64_t i = 0; i < n; ++i) total += x[i] * x[i];
+    return total;
+#endif
+}
+
+// out = weight * x / sqrt(mean(x^2) + eps), one row of n.
+void norm_row(const float* x, const float* weight, int64_t n, float eps, float* out) {
+    const float inverse = 1.f / std::sqrt(sum_of_squares(x, n) / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inverse);
+}
+
+void check(const torch::Tensor& x, const torch::Tensor& weight) {
+    TORCH_CHECK(x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat, "rows: fp32 only");
+    TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "rows: the weight must match the last dimension");
+}
+
+}  // namespace
+
+// x [..., n] fp32, weight [n]: RMS norm of every row.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+    check(x, weight);
+    x = x.contiguous();
+    weight = weight.contiguous();
+    auto out = torch::empty_like(x);
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    for (int64_t r = 0; r < rows; ++r)
+        norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps),
+                 out.data_ptr<float>() + r * n);
+    return out;
+}
+
+// The residual stream after a sublayer and the next sublayer's input: (x + delta, rms_norm(x + delta)).
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor weight,
+                                                      double eps) {
+    check(x, weight);
+    TORCH_CHECK(delta.sizes() == x.sizes() && delta.scalar_type() == torch::kFloat, "rows: x and delta differ");
+    x = x.contiguous();
+    delta = delta.contiguous();
+    weight = weight.contiguous();
+    auto sum = torch::empty_like(x), normed = torch::empty_like(x);
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    const float* xp = x.data_ptr<float>();
+    const float* dp = delta.data_ptr<float>();
+    float* sp = sum.data_ptr<float>();
+    for (int64_t i = 0; i < rows * n; ++i) sp[i] = xp[i] + dp[i];
+    for (int64_t r = 0; r < rows; ++r)
+        norm_row(sp + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), normed.data_ptr<float>() + r * n);
+    return {sum, normed};
+}
+
+// gate_up [..., 2m] (the gate's m columns, then the up projection's): silu(gate) * up, [..., m].
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+    TORCH_CHECK(gate_up.scalar_type() == torch::kFloat && gate_up.size(-1) % 2 == 0, "silu_mul: fp32 [..., 2m]");
+    gate_up = gate_up.contiguous();
+    const int64_t m = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * m);
+    auto sizes = gate_up.sizes().vec();
+    sizes.back() = m;
+    auto out = torch::empty(sizes, gate_up.options());
+    const float* in = gate_up.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gate = in + r * 2 * m;
+        const float* up = gate + m;
+        for (int64_t i = 0; i < m; ++i) op[r * m + i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+    }
+    return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("rms_norm", &rms_norm, "RMS norm of every row (fp32, CPU)");
+    m.def("add_rms_norm", &add_rms_norm, "(x + delta, rms_norm(x + delta)) (fp32, CPU)");
+    m.def("silu_mul", &silu_mul, "silu(gate) * up from a fused gate-up product (fp32, CPU)");
+}
