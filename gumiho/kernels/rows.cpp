@@ -91,7 +91,25 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     for (int64_t r = 0; r < rows; ++r) {
         const float* gate = in + r * 2 * m;
         const float* up = gate + m;
-        for (int64_t i = 0; i < m; ++i) op[r * m + i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+        float* o = op + r * m;
+#if defined(__AVX2__) && defined(__FMA__)
+        // Eight at a time, a tail through a padded vector: an element's result never depends on where it sits.
+        const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+        for (int64_t i = 0; i < m; i += 8) {
+            alignas(32) float g[8] = {0.f}, u[8] = {0.f}, out[8];
+            const bool tail = i + 8 > m;
+            if (tail)
+                for (int64_t j = 0; i + j < m; ++j) g[j] = gate[i + j], u[j] = up[i + j];
+            const __m256 x = _mm256_loadu_ps(tail ? g : gate + i);
+            const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, x))));
+            const __m256 y = _mm256_mul_ps(silu, _mm256_loadu_ps(tail ? u : up + i));
+            _mm256_storeu_ps(tail ? out : o + i, y);
+            if (tail)
+                for (int64_t j = 0; i + j < m; ++j) o[i + j] = out[j];
+        }
+#else
+        for (int64_t i = 0; i < m; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+#endif
     }
     return out;
 }
