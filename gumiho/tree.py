@@ -109,58 +109,49 @@ class DraftTree:
 
 def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torch.device | None = None) -> DraftTree:
     """Keep the `total_tokens - 1` best-scored pool nodes under the root (EAGLE-2 / Gumiho rerank). The tree's
-    tensors live on `device` (default: the pool's; an empty pool, as in AR decoding, needs it given)."""
+    tensors live on `device` (default: the pool's; an empty pool, as in AR decoding, needs it given).
+
+    The pool comes to Python lists once: a tree has at most a few dozen nodes, and per-node tensor operations
+    would cost more than the work (a tenth of a millisecond a cycle on a CPU)."""
     device = device or (pool.tokens[0].device if pool.tokens else torch.device("cpu"))
     keep_n = min(total_tokens - 1, pool.size)
+    tokens, parents, sources, node_scores = [root_token], [-1], ["root"], [0.0]
     if keep_n > 0:
-        scores = torch.cat(pool.scores)
         if pool.priorities and len(pool.priorities) != len(pool.scores):
             raise ValueError("a draft pool gives a priority for some of its layers only")
-        rank_by = torch.cat(pool.priorities) if pool.priorities else scores
+        scores = torch.cat(pool.scores).tolist()
+        rank_by = torch.cat(pool.priorities).tolist() if pool.priorities else scores
         # A stable sort keeps the earlier node (an ancestor) ahead on ties, so the kept set stays a tree. Kept
         # nodes stay in pool order (depth-major), or in priority order for a static tree (its official order).
-        kept = torch.sort(rank_by, descending=True, stable=True).indices[:keep_n]
+        kept = sorted(range(pool.size), key=lambda i: -rank_by[i])[:keep_n]
         if not pool.priorities:
-            kept = torch.sort(kept).values
-        tokens = torch.cat(pool.tokens)[kept]
-        pool_parents = torch.cat(pool.parents)[kept]
-        # Position of each kept node's parent among the kept nodes, shifted by one for the root.
-        where = torch.full((pool.size,), -1, dtype=torch.long, device=kept.device)
-        where[kept] = torch.arange(keep_n, device=kept.device)
-        has_parent = pool_parents >= 0
-        idx = where[pool_parents.clamp(min=0)]
-        own = torch.arange(keep_n, device=kept.device)
-        if not bool(((idx >= 0) & (idx < own))[has_parent].all()):
-            raise ValueError("draft pool is not closed under parent-of (a child ranked above its parent?)")
-        parent_pos = torch.where(has_parent, idx + 1, 0)
-        kept_list = kept.tolist()
-        parents = [-1] + parent_pos.tolist()
-        sources = ["root"] + [pool.sources[i] for i in kept_list]
-        node_scores = [0.0] + scores[kept].tolist()
-        all_tokens = torch.cat([tokens.new_tensor([root_token]), tokens])
-    else:
-        parents, sources, node_scores = [-1], ["root"], [0.0]
-        all_tokens = torch.tensor([root_token], device=device)
+            kept.sort()
+        pool_tokens, pool_parents = torch.cat(pool.tokens).tolist(), torch.cat(pool.parents).tolist()
+        where = {node: position for position, node in enumerate(kept)}
+        for position, node in enumerate(kept):
+            parent = pool_parents[node]
+            at = where.get(parent, -1) if parent >= 0 else -1
+            if parent >= 0 and not 0 <= at < position:
+                raise ValueError("draft pool is not closed under parent-of (a child ranked above its parent?)")
+            parents.append(at + 1)  # its parent's place among the kept nodes, after the root
+            tokens.append(pool_tokens[node])
+            sources.append(pool.sources[node])
+            node_scores.append(scores[node])
     n = len(parents)
-    depths = [0] * n
-    mask = torch.eye(n, dtype=torch.bool)
-    mask[:, 0] = True
+    depths, ancestors = [0] * n, [[0]]
     for i in range(1, n):
         depths[i] = depths[parents[i]] + 1
-        mask[i] |= mask[parents[i]]
+        ancestors.append(ancestors[parents[i]] + [i])
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[[i for i, seen in enumerate(ancestors) for _ in seen], [j for seen in ancestors for j in seen]] = True
     is_parent = [False] * n
     for p in parents[1:]:
         is_parent[p] = True
     leaves = [i for i in range(n) if not is_parent[i]]
     width = max(depths) + 1
-    paths = torch.full((len(leaves), width), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        node = leaf
-        while node >= 0:
-            paths[row, depths[node]] = node
-            node = parents[node]
+    paths = torch.tensor([ancestors[leaf] + [-1] * (width - len(ancestors[leaf])) for leaf in leaves], dtype=torch.long)
     return DraftTree(
-        tokens=all_tokens,
+        tokens=torch.tensor(tokens, device=device),
         parents=parents,
         depths=depths,
         scores=node_scores,

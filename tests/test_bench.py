@@ -315,7 +315,12 @@ def test_plain_transformers_generate_rows_equal_ar_and_give_vs_transformers():
     assert summarize(rows)["vs_transformers"].notna().all()
     from gumiho.bench.breakdown import profile
 
+    from gumiho.bench.breakdown import cycle_parts
+
     assert list(profile(engine, variants, "w1 w2", 6, rounds=1)["method"]) == ["ar", "gumiho"]  # no cycles to split
+    # The prepared drafter runs its layers as a DecoderStack: their time is found and counted as draft_transformer.
+    assert engine.drafters["gumiho"].lean is not None
+    assert cycle_parts(engine, variants[-1], "w1 w2", 6)["draft_transformer"].sum() > 0
 
 
 @pytest.mark.parametrize("args,message", [

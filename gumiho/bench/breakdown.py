@@ -37,7 +37,9 @@ def _components(engine: Engine, method: str) -> dict[str, tuple[object, str]]:
     if drafter is not None:
         parts["draft_lm_head"] = (drafter, "top_tokens")
         if hasattr(drafter, "transformer"):  # EAGLE and Gumiho; Medusa's and Hydra's heads read the target's feature
-            parts.update(draft_transformer=(drafter.transformer, "forward"), draft_fc=(drafter.transformer, "fuse"))
+            # Prepared for inference, the draft layers run as a llama.DecoderStack (FeatureDrafter.use_lean).
+            layers = (drafter.lean, "run") if drafter.lean is not None else (drafter.transformer, "forward")
+            parts.update(draft_transformer=layers, draft_fc=(drafter.transformer, "fuse"))
         if hasattr(drafter, "heads"):  # Gumiho's MLP heads, Medusa's and Hydra's heads
             parts["draft_mlp_heads"] = (drafter.heads, "forward")
     return parts
