@@ -241,6 +241,11 @@ class TreeSettings:
         if "total_tokens" in chosen:  # a fixed size: no per-cycle sizing
             chosen.setdefault("sized", False)
         tree = replace(base or cls.default(method, device_type), **chosen)
+        if base is not None and "top_k" not in chosen and tree.pool_size(method) < tree.total_tokens - 1:
+            # The automatic tree is narrower than the size asked for (where drafting is dear it keeps one token a
+            # step, top_k 1): the method's default shape then, with the automatic FTA and lookup switch.
+            shape = replace(cls.default(method, device_type), fta=base.fta, lookup_merge=base.lookup_merge)
+            tree = replace(shape, **chosen)
         tree.validate(method)
         return tree
 

@@ -197,6 +197,22 @@ def test_a_fixed_size_switches_per_cycle_sizing_off():
     assert not TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=sized).sized
 
 
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+def test_a_size_beyond_a_narrow_automatic_tree_takes_the_default_shape(method):
+    """Where drafting is dear the automatic tree keeps one token a step (top_k 1): asking for 12 tokens (the
+    app's race budget, `--total-tokens 12`) then takes the method's default shape, not an error; an explicit top_k
+    that cannot draft them still is one."""
+    fta = method == "gumiho"  # the automatic FTA setting is kept
+    narrow = replace(TreeSettings.default(method, "cpu"), top_k=1, mlptopk=1, pruning=1, total_tokens=2, sized=True,
+                     fta=fta)
+    tree = TreeSettings.resolve(method, "cpu", {"total_tokens": 12}, base=narrow)
+    default = TreeSettings.default(method, "cpu")
+    assert (tree.top_k, tree.total_tokens, tree.sized, tree.fta) == (default.top_k, 12, False, fta)
+    assert TreeSettings.resolve(method, "cpu", {"total_tokens": 2}, base=narrow).top_k == 1  # it fits: kept
+    with pytest.raises(GumihoError, match="exceeds"):
+        TreeSettings.resolve(method, "cpu", {"total_tokens": 12, "top_k": 1}, base=narrow)
+
+
 def test_the_lookup_switch_verifies_lookups_budget_unless_the_tree_size_is_fixed():
     """The automatic CPU choice sizes Gumiho's cycles up to 2 tokens: its switch to prompt lookup keeps lookup's own
     budget (8), so a long match can be verified; a fixed size stays the most a cycle verifies."""
