@@ -173,8 +173,9 @@ class DecoderStack:
 
     def row_kernels(self, n: int, prefill: bool) -> tuple[ModuleType | None, ModuleType | None]:
         """The row-consistent attention and per-row operations for a forward of n rows, where they apply: decode
-        steps, trees and draft steps (a prompt takes torch's operations, SDPA's causal attention among them)."""
-        if n > ROW_ATTENTION_TOKENS or prefill or self.row_attention is None:
+        steps, trees and draft steps (a prompt takes torch's operations, SDPA's causal attention among them). Not
+        under autocast (bf16 self-distillation on a CPU with bf16 units), whose products return bf16 rows."""
+        if n > ROW_ATTENTION_TOKENS or prefill or self.row_attention is None or torch.is_autocast_enabled("cpu"):
             return None, None
         return self.row_attention, self.row_ops
 

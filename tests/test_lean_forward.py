@@ -129,6 +129,22 @@ def test_batched_greedy_replies_equal_one_prompt_at_a_time(forward):
     assert greedy_replies(target, PROMPTS, max_new_tokens=12, batch_size=4) == expected
 
 
+def test_self_distillation_under_bf16_autocast_takes_torchs_operations():
+    """bf16 autocast (self-distillation on a CPU with bf16 units) makes the products return bf16 rows, which the
+    row kernels (fp32 only) do not take: a forward under it takes torch's operations, with or without the kernels."""
+    lean, _ = twin_targets(seed=6, hidden_size=64)  # head size 16: the row-consistent kernels apply
+    assert lean.lean.row_attention is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        replies = greedy_replies(lean, PROMPTS, max_new_tokens=6, batch_size=4)
+        kernels = lean.lean.row_attention, lean.lean.row_ops
+        lean.lean.row_attention = lean.lean.row_ops = None
+        try:
+            assert greedy_replies(lean, PROMPTS, max_new_tokens=6, batch_size=4) == replies
+        finally:
+            lean.lean.row_attention, lean.lean.row_ops = kernels
+    assert [len(r) for r in replies] == [6] * len(PROMPTS)
+
+
 def test_unsupported_model_types_fall_back_to_transformers():
     lean, _ = twin_targets()
     lean.model.config.model_type = "gpt_neox"
