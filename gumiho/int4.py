@@ -212,12 +212,14 @@ class Int4Linear(torch.nn.Module):
         return self.matrix(x)
 
 
-def quantize_linears(module: torch.nn.Module) -> int:
-    """Swap every nn.Linear under `module` whose input size is a multiple of 32 for an Int4Linear, and give the MLP
-    heads' stacked weights their 4-bit stacks (modules with a `to_int4`); returns how many were changed. For
-    inference copies only: the swapped layers no longer train."""
+def quantize_linears(module: torch.nn.Module, skip: tuple[torch.nn.Module, ...] = ()) -> int:
+    """Swap every nn.Linear under `module` (not under `skip`) whose input size is a multiple of 32 for an
+    Int4Linear, and give the MLP heads' stacked weights their 4-bit stacks (modules with a `to_int4`); returns how
+    many were changed. For inference copies only: the swapped layers no longer train."""
     swapped = 0
     for name, child in list(module.named_children()):
+        if any(child is s for s in skip):
+            continue
         if isinstance(child, torch.nn.Linear) and child.in_features % GROUP == 0:
             setattr(module, name, Int4Linear(child))
             swapped += 1
@@ -225,7 +227,7 @@ def quantize_linears(module: torch.nn.Module) -> int:
         if hasattr(child, "to_int4"):
             child.to_int4()
             swapped += 1
-        swapped += quantize_linears(child)
+        swapped += quantize_linears(child, skip)
     return swapped
 
 

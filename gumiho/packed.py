@@ -95,13 +95,16 @@ class PackedLinear(nn.Linear):
         return matrix(x)
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Swap every plain nn.Linear under `module` for a PackedLinear sharing its parameters; returns how many."""
+def pack_linears(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
+    """Swap every plain nn.Linear under `module` (not under `skip`) for a PackedLinear sharing its parameters;
+    returns how many."""
     swapped = 0
     for name, child in list(module.named_children()):
+        if any(child is s for s in skip):
+            continue
         if type(child) is nn.Linear:
             setattr(module, name, PackedLinear.wrap(child))
             swapped += 1
         else:
-            swapped += pack_linears(child)
+            swapped += pack_linears(child, skip)
     return swapped

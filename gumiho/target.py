@@ -269,13 +269,15 @@ class Target:
         matmuls for inference: oneDNN-packed fp32 where `pack`, 4-bit on the int4 path (its draft head included:
         a draft only has to rank tokens, never to match the target's logits). Returns it in eval mode."""
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
+        unread: tuple[torch.nn.Module, ...] = ()  # modules inference never runs: no 4-bit or packed copy for them
         if isinstance(drafter, FeatureDrafter):
             drafter.use_lean(Int4Matrix.quantize if self.int4 else lambda weight: PackedMatrix(weight, pack=self.pack))
+            unread = (drafter.transformer.layers,)  # the stack holds their products now
         if self.int4:
-            quantize_linears(drafter)
+            quantize_linears(drafter, unread)
             drafter.quantize_head()
         elif self.pack:
-            pack_linears(drafter)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
+            pack_linears(drafter, unread)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
         return drafter.eval()
 
     @property
