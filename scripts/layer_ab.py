@@ -1,6 +1,6 @@
 """What a verification and a draft call cost on this checkout (docs/benchmarks.md, "One call per layer step").
 
-T(n): the target forward over n tree tokens at 300 cached tokens plus the lm_head row and argmax
+T(n): the target forward over n tree tokens at 300 cached tokens (`--kv`: other lengths) plus the lm_head row and argmax
 (`profile.VerifyTimer`), sizes interleaved, lower quartile. For a before/after, run it alternately here and in a
 checkout of the earlier commit (`git worktree add /tmp/old <commit>`, then the same command from there), under
 `bash scripts/campaign_hold.sh` while the drafter campaign runs.
@@ -28,15 +28,15 @@ from gumiho.tree import build_tree
 DRAFTS = (("gumiho", 1, 2), ("eagle2", 3, 2), ("gumiho", 3, 4), ("eagle2", 3, 8))  # method, top_k, tree tokens
 
 
-def verification(engine, repeats: int) -> None:
-    timer = VerifyTimer(engine.target, 300)
+def verification(engine, repeats: int, kv: int) -> None:
+    timer = VerifyTimer(engine.target, kv)
     times: dict[int, list[float]] = {n: [] for n in (1, 2, 4, 8)}
     for r in range(repeats + 1):
         for n in times:
             ms = timer(n)
             if r:  # the first round warms up
                 times[n].append(ms)
-    print("T(n) ms, lower quartile:", {n: round(low(v), 2) for n, v in times.items()})
+    print(f"T(n) ms at {kv} cached tokens, lower quartile:", {n: round(low(v), 2) for n, v in times.items()})
 
 
 @torch.inference_mode()
@@ -68,9 +68,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draft", action="store_true", help="time draft calls, stack against modules")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--kv", type=int, nargs="+", default=[300], help="cached tokens before the tree (T(n))")
     args = parser.parse_args()
     engine = build_engine(threads=2)
-    (drafts if args.draft else verification)(engine, args.repeats)
+    if args.draft:
+        drafts(engine, args.repeats)
+    for kv in [] if args.draft else args.kv:
+        verification(engine, args.repeats, kv)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,26 @@ def test_a_tree_node_equals_the_one_token_step_on_its_path_bit_for_bit(kernel, p
         assert torch.equal(step, per_node[:, :, :, node]), node
 
 
+@pytest.mark.parametrize("parents", [[-1], [-1, 0, 0, 1]])
+def test_a_long_cache_splits_across_threads_with_the_same_numbers(kernel, parents):
+    """From attention.cpp's SPLIT_WORK on, a call runs on torch's threads: bit for bit what one thread gives, and
+    SDPA's numbers."""
+    past, n = 1000, len(parents)
+    keys, values = cache(capacity=1024, seed=n)
+    q = torch.randn(1, KV_HEADS, GROUP * n, D, generator=torch.Generator().manual_seed(n))
+    visible = tree_visibility(parents, past)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        split = kernel.attention(q, keys, values, visible, n, past, D ** -0.5)
+        torch.set_num_threads(1)
+        alone = kernel.attention(q, keys, values, visible, n, past, D ** -0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, alone)
+    torch.testing.assert_close(split, sdpa(q, keys, values, visible), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("past", [0, 5, 300])
 @pytest.mark.parametrize("parents", [[-1], [-1, 0, 0, 1]])
 def test_attend_rotates_writes_the_cache_and_attends_as_the_torch_path_does(kernel, past, parents):

@@ -34,7 +34,7 @@ import torch
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-THREADED = ("q8_matmul", "q4_matmul")  # kernels that split their work across torch's threads
+THREADED = ("q8_matmul", "q4_matmul", "attention")  # kernels that split their work across torch's threads
 
 
 def _cpu_flags() -> set[str]:
@@ -50,8 +50,8 @@ def _cpu_flags() -> set[str]:
 def _flags(name: str, capability: str) -> list[str]:
     """Compiler flags: vector units where torch found them (and VNNI's 8-bit dot products where the processor has
     them), and OpenMP for the matrix products, without which `at::parallel_for` runs on one thread (the 2-core Zen
-    4 EPYC: the 8-bit head's one row 1.8 -> 0.9 ms). The attention stays on one thread: its work per call is too
-    small to split, and built with OpenMP it ran 1.4x slower there at 4-8 rows."""
+    4 EPYC: the 8-bit head's one row 1.8 -> 0.9 ms). The attention splits only calls large enough to pay for it
+    (attention.cpp's SPLIT_WORK: long caches, where one core cannot draw the keys from memory fast enough)."""
     vector = ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
     if vector and {"avx512_vnni", "avx512vl"} <= _cpu_flags():
         vector += ["-mavx512vnni", "-mavx512vl"]

@@ -20,16 +20,20 @@
 namespace {
 
 constexpr int64_t KEY_CHUNK = 64;
-// A call would split across threads only with at least this many multiply-adds per thread; kernels/__init__.py
-// builds this kernel without OpenMP, though, so `at::parallel_for` runs every range in the calling thread: on the
-// 2-core Zen 4 EPYC an OpenMP build made 4- and 8-row calls 1.4x slower, and every decode step and small tree
-// falls below any split that pays there. The grain stays for a build that splits.
-constexpr int64_t WORK_PER_THREAD = int64_t(1) << 21;
+// A call splits its work across torch's threads from this many multiply-adds (B * H * R * total * d). Measured on
+// the 2-core Zen 4 EPYC with each layer's cache cold, as in a forward: splitting paid from about 170k (a one-token
+// step at 300 keys: 25 -> 17 us; at 1,000 keys 135 -> 80 us, where one core cannot draw the keys from memory fast
+// enough) and cost a little below about 150k (a parallel region's start outweighs the work).
+constexpr int64_t SPLIT_WORK = int64_t(1) << 17;
 
-// The grain for at::parallel_for over `units` equal shares of `work` multiply-adds: a range shorter than the grain
-// runs in the calling thread, with no parallel region at all.
-inline int64_t grain(int64_t units, int64_t work) {
-    return std::max<int64_t>(1, units * WORK_PER_THREAD / std::max<int64_t>(work, 1));
+// fn(begin, end) over [0, units): across torch's threads for a call of at least SPLIT_WORK multiply-adds, else in the
+// calling thread with no parallel region at all.
+template <typename F>
+inline void split(int64_t units, int64_t work, const F& fn) {
+    if (work < SPLIT_WORK || at::get_num_threads() < 2)
+        fn(0, units);
+    else
+        at::parallel_for(0, units, 1, fn);
 }
 
 // out[r] = sum_i q[r][i] * key[i] for ROWS query rows of length d (a multiple of 16 on AVX2), each dot product
@@ -183,7 +187,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
 
     // 1. Scores, key chunk by key chunk (each key read once for all rows of its head).
     const int64_t chunks = (total + KEY_CHUNK - 1) / KEY_CHUNK;
-    at::parallel_for(0, B * H * chunks, grain(B * H * chunks, work), [&](int64_t begin, int64_t end) {
+    split(B * H * chunks, work, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / chunks, c = w % chunks, b = bh / H, h = bh % H;
             for (int64_t j = c * KEY_CHUNK; j < std::min(total, (c + 1) * KEY_CHUNK); ++j) {
@@ -202,7 +206,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     for (int64_t i = 0; causal && i < n; ++i)
         for (int64_t j = 0; j < total; ++j) causal_rows[i * total + j] = j <= past + i;
     const bool* cp = causal ? reinterpret_cast<const bool*>(causal_rows.data()) : nullptr;
-    at::parallel_for(0, B * H * R, grain(B * H * R, work), [&](int64_t begin, int64_t end) {
+    split(B * H * R, work, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t b = w / (H * R), i = (w % R) % n;
             softmax_numerators(pp + w * total, causal ? cp + i * total : vp + (b * n + i) * total, total);
@@ -210,7 +214,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     });
     // Their sums, key by key: the one order that a one-token step and every tree node agree on (a masked key adds
     // an exact zero). Four rows at a time, so that four independent chains of additions overlap.
-    at::parallel_for(0, (B * H * R + 3) / 4, grain((B * H * R + 3) / 4, work), [&](int64_t begin, int64_t end) {
+    split((B * H * R + 3) / 4, work, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin * 4; w < std::min(end * 4, B * H * R); w += 4) {
             const int64_t rows = std::min<int64_t>(4, B * H * R - w);
             float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -224,7 +228,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     // 3. Outputs: sum_j p_j v_j in key order, split by head and by slices of 16 output dimensions, four rows at a
     // time sharing each value slice (a masked key adds p = 0 exactly); then divided by the sum.
     const int64_t slices = d / 16;
-    at::parallel_for(0, B * H * slices, grain(B * H * slices, work), [&](int64_t begin, int64_t end) {
+    split(B * H * slices, work, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / slices, s = w % slices, b = bh / H, h = bh % H;
             const float* value = valp + b * vs0 + h * vs1 + s * 16;
