@@ -35,10 +35,10 @@ class DraftPool:
     priorities: list[torch.Tensor] = field(default_factory=list)
     size: int = 0
 
-    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, source: str, depth: int,
-            priority: torch.Tensor | None = None) -> torch.Tensor:
-        """Append one layer of nodes (1-D tensors of equal length); returns their pool indices. Give `priority`
-        for every layer of a pool or for none."""
+    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, source: str,
+            depth: int | list[int], priority: torch.Tensor | None = None) -> torch.Tensor:
+        """Append one layer of nodes (1-D tensors of equal length), or nodes of several depths (`depth` one per
+        node, parents first); returns their pool indices. Give `priority` for every layer of a pool or for none."""
         n = tokens.numel()
         if priority is not None:
             self.priorities.append(priority.reshape(-1).float())
@@ -46,7 +46,7 @@ class DraftPool:
         self.parents.append(parents.reshape(-1).long())
         self.scores.append(scores.reshape(-1).float())
         self.sources.extend([source] * n)
-        self.depths.extend([depth] * n)
+        self.depths.extend([depth] * n if isinstance(depth, int) else depth)
         first = self.size
         self.size += n
         return torch.arange(first, first + n, device=tokens.device)

@@ -31,6 +31,8 @@ def tree(**changes) -> TreeSettings:
 
 def pool_nodes(pool) -> list[tuple[int, int, float, int]]:
     """(token, parent pool index, score, depth) per pool node, in pool order."""
+    if not pool.size:
+        return []
     tokens, parents, scores = (torch.cat(x).tolist() for x in (pool.tokens, pool.parents, pool.scores))
     return list(zip(tokens, parents, scores, pool.depths))
 
@@ -134,6 +136,24 @@ def test_the_drafter_sees_the_whole_sequence():
     drafter.reset()  # a new generation forgets the old text; without a prefill the sequence starts at the pairs
     drafter.propose(features[:3], torch.tensor([7, 8, 7]), TREE)
     assert drafter.sequence.tolist() == [7, 8, 7]
+
+
+def test_the_drafters_index_of_positions_finds_what_a_scan_of_the_whole_sequence_finds():
+    """The drafter looks for matches only where the root's token occurred before (its index); every cycle's pool
+    equals `lookup_pool` over the whole sequence, node for node."""
+    target = tiny_target()
+    drafter = weight_free("lookup", target.model.config)
+    generator = torch.Generator().manual_seed(1)
+    features = torch.zeros(8, target.hidden_size)
+    for trial in range(20):
+        shape = tree(top_k=1 + trial % 4, depth=2 + trial % 5, max_ngram=1 + trial % 3, min_ngram=1 + trial % 2)
+        drafter.reset()
+        drafter.observe(torch.randint(0, 5, (12,), generator=generator), features[:1])
+        for _ in range(15):
+            accepted = torch.randint(0, 5, (int(torch.randint(1, 4, (1,), generator=generator)),),
+                                     generator=generator)
+            pool = drafter.propose(features[: len(accepted)], accepted, shape)
+            assert pool_nodes(pool) == pool_nodes(lookup_pool(drafter.sequence.copy(), shape))
 
 
 def test_lookup_settings_are_checked():

@@ -17,7 +17,7 @@ longer and its score is always below its parent's: `tree.build_tree`'s rerank ke
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,16 +42,18 @@ class Match:
     length: int
 
 
-def find_matches(sequence: np.ndarray, max_ngram: int, min_ngram: int, limit: int) -> list[Match]:
+def find_matches(sequence: np.ndarray, max_ngram: int, min_ngram: int, limit: int,
+                 ends: np.ndarray | None = None) -> list[Match]:
     """The earlier occurrences of the sequence's suffix of `min_ngram` tokens or more (each counted once, with its
     longest match up to `max_ngram`), longest first, then most recent first; at most `limit`. An occurrence must
-    end before the last token, so at least one token follows it."""
+    end before the last token, so at least one token follows it. `ends`: the positions where one may end, where
+    the caller knows them (those of the last token before it, from an index); every position by default."""
     n = len(sequence)
     if n < 2 or limit < 1:
         return []
-    ends = np.arange(n - 1)  # where an earlier occurrence may end
-    running = np.ones(n - 1, dtype=bool)  # still matching at offset i
-    length = np.zeros(n - 1, dtype=np.int64)
+    ends = np.arange(n - 1) if ends is None else ends
+    running = np.ones(len(ends), dtype=bool)  # still matching at offset i
+    length = np.zeros(len(ends), dtype=np.int64)
     for i in range(min(max_ngram, n - 1)):
         at = ends - i
         running &= (at >= 0) & (sequence[np.maximum(at, 0)] == sequence[n - 1 - i])
@@ -61,61 +63,51 @@ def find_matches(sequence: np.ndarray, max_ngram: int, min_ngram: int, limit: in
     found = np.flatnonzero(length >= min_ngram)
     if found.size == 0:
         return []
-    order = np.lexsort((-found, -length[found]))[:limit]  # the last key sorts first: length, then recency
-    return [Match(int(found[i]), int(length[found[i]])) for i in order]
+    positions, lengths = ends[found], length[found]
+    order = np.lexsort((-positions, -lengths))[:limit]  # the last key sorts first: length, then recency
+    return [Match(int(positions[i]), int(lengths[i])) for i in order]
 
 
-@dataclass
-class _Node:
-    token: int
-    parent: int  # trie node id, -1 under the root
-    depth: int
-    log_weights: list[float] = field(default_factory=list)
-    longest: int = 0  # the longest match through this node
-
-
-def lookup_pool(sequence: np.ndarray, tree: TreeSettings, device: torch.device | None = None) -> DraftPool:
+def lookup_pool(sequence: np.ndarray, tree: TreeSettings, device: torch.device | None = None,
+                ends: np.ndarray | None = None) -> DraftPool:
     """The candidate pool for `sequence` (its last token is the root): the trie of the continuations of
-    `find_matches`, depth by depth, siblings best first. Empty when nothing matches."""
+    `find_matches` (`ends` as there), depth by depth, siblings best first. Empty when nothing matches."""
     pool = DraftPool()
-    matches = find_matches(sequence, tree.max_ngram, tree.min_ngram, tree.top_k)
+    matches = find_matches(sequence, tree.max_ngram, tree.min_ngram, tree.top_k, ends)
     if not matches:
         return pool
-    base = math.log(tree.top_k + 1)
-    nodes: list[_Node] = []
+    # Trie nodes as parallel lists: token, parent node (-1 under the root), depth, weight, longest match through it.
+    # An occurrence matching n tokens weighs (top_k + 1) ** n: small integers, summed exactly in floats.
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    weights: list[float] = []
+    longest: list[int] = []
     children: dict[tuple[int, int], int] = {}
     for match in matches:
-        log_weight = match.length * base
+        weight = float((tree.top_k + 1) ** match.length)
         parent = -1
         for depth, token in enumerate(sequence[match.end + 1 : match.end + 1 + tree.depth].tolist(), start=1):
             node = children.get((parent, token))
             if node is None:
-                node = children[(parent, token)] = len(nodes)
-                nodes.append(_Node(token, parent, depth))
-            nodes[node].log_weights.append(log_weight)
-            nodes[node].longest = max(nodes[node].longest, match.length)
+                node = children[(parent, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(depth)
+                weights.append(0.0)
+                longest.append(0)
+            weights[node] += weight
+            longest[node] = max(longest[node], match.length)
             parent = node
-    total = _logsumexp([m.length * base for m in matches])
-    scores = [_logsumexp(n.log_weights) - total + n.depth * math.log(continues(n.longest)) for n in nodes]
-    position = {}  # trie node -> pool index
-    for depth in range(1, tree.depth + 1):
-        layer = [i for i, n in enumerate(nodes) if n.depth == depth]  # in trie order: the earlier match first
-        if not layer:
-            break
-        layer.sort(key=lambda i: -scores[i])  # stable: equal scores keep the earlier match's branch first
-        indices = pool.add(
-            torch.tensor([nodes[i].token for i in layer], device=device),
-            torch.tensor([position[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in layer], device=device),
-            torch.tensor([scores[i] for i in layer], device=device),
-            SOURCE, depth,
-        )
-        position.update(zip(layer, indices.tolist()))
+    total = sum(float((tree.top_k + 1) ** m.length) for m in matches)
+    scores = [math.log(w / total) + d * math.log(continues(m)) for w, d, m in zip(weights, depths, longest)]
+    # Depth by depth, siblings best first (stable: equal scores keep the earlier match's branch first).
+    order = sorted(range(len(tokens)), key=lambda i: (depths[i], -scores[i]))
+    position = {node: i for i, node in enumerate(order)}  # trie node -> pool index
+    pool.add(torch.tensor([tokens[i] for i in order], device=device),
+             torch.tensor([position[parents[i]] if parents[i] >= 0 else -1 for i in order], device=device),
+             torch.tensor([scores[i] for i in order], device=device), SOURCE, [depths[i] for i in order])
     return pool
-
-
-def _logsumexp(values: list[float]) -> float:
-    top = max(values)
-    return top + math.log(sum(math.exp(v - top) for v in values))
 
 
 class LookupDrafter(WeightFreeDrafter):
@@ -130,6 +122,7 @@ class LookupDrafter(WeightFreeDrafter):
 
     def reset(self) -> None:
         self._sequence = np.empty(1024, dtype=np.int64)
+        self._where: dict[int, list[int]] = {}  # token -> its positions in the sequence: where a match may end
         self._length = 0
         self._first = 0  # the sequence index of _sequence[0]: 1 when the prompt's first token was never seen
         self._pairs = 0  # pairs received by propose: their tokens are the sequence's tokens 1 .. _pairs
@@ -151,7 +144,10 @@ class LookupDrafter(WeightFreeDrafter):
         skip = max(0, self._first + self._length - start)  # tokens the prefill already gave
         self._append(tokens[skip:].tolist())
         self._pairs += tokens.shape[0]
-        return lookup_pool(self.sequence, tree, tokens.device)
+        earlier = self._where[int(self._sequence[self._length - 1])][:-1] if self._length else []  # minus the root
+        if not earlier:
+            return DraftPool()
+        return lookup_pool(self.sequence, tree, tokens.device, np.array(earlier))
 
     def _append(self, tokens: list[int]) -> None:
         end = self._length + len(tokens)
@@ -160,4 +156,6 @@ class LookupDrafter(WeightFreeDrafter):
             grown[: self._length] = self._sequence[: self._length]
             self._sequence = grown
         self._sequence[self._length : end] = tokens
+        for position, token in enumerate(tokens, start=self._length):
+            self._where.setdefault(token, []).append(position)
         self._length = end
