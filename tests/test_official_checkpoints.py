@@ -182,9 +182,12 @@ def test_a_checkpoint_file_can_be_named_directly(tmp_path):
     assert load(folder / "pytorch_model.bin", "eagle2").kind == "eagle2"
 
 
-def test_generate_with_official_checkpoints_is_exact(tmp_path, capsys):
+def test_generate_with_official_checkpoints_is_exact(tmp_path, capsys, monkeypatch):
     """In fp32: this model's head size (8) takes SDPA, with which the int4 path is equal to AR only up to the
     rounding of its products' inputs (tests/test_int4.py covers the int4 path with the row-consistent attention)."""
+    from gumiho import profile
+
+    monkeypatch.setattr(profile, "profile_path", lambda target: tmp_path / "profile.json")  # not the user's cache
     TARGET.model.save_pretrained(tmp_path / "model")
     TARGET.tokenizer.save_pretrained(tmp_path / "model")
     folders = {"gumiho": official_folder(tmp_path / "g", "gumiho"),
