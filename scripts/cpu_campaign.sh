@@ -61,9 +61,10 @@ for round in $(seq 1 "$ROUNDS"); do
         --threads "$THREADS" --out "$data"
     for drafter in gumiho eagle2; do
         shipped="assets/drafters/smollm2-135m-$drafter"
-        # A run belongs to the drafter it starts from: after a drafter is shipped (here or by a GPU round), a
-        # restarted campaign begins new runs instead of resuming, or re-judging, runs of the one before.
-        run="$RUNS/round-$round-$drafter-$(sha256sum "$shipped/model.safetensors" | cut -c1-8)"
+        # A run belongs to the drafter it starts from and to its data: after a drafter is shipped (here or by a GPU
+        # round), or with a larger CONVERSATIONS, a restarted campaign begins new runs instead of resuming, or
+        # re-judging, runs of other settings (whose checkpoints the trainer would refuse).
+        run="$RUNS/round-$round-$drafter-$(sha256sum "$shipped/model.safetensors" | cut -c1-8)-c$CONVERSATIONS"
         log "round $round: fine-tune $drafter from $shipped -> $run"
         $PY -m gumiho.train --drafter "$drafter" --init "$shipped" --data "$data" --out "$run" \
             --epochs "$EPOCHS" --lr "$LR" --warmup-steps 20 --batch-tokens 4096 --unroll "$UNROLL" \
