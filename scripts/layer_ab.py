@@ -1,7 +1,7 @@
 """What a verification and a draft call cost on this checkout (docs/benchmarks.md, "One call per layer step").
 
-T(n): the target forward over n tree tokens at 300 cached tokens (`--kv`: other lengths) plus the lm_head row and argmax
-(`profile.VerifyTimer`), sizes interleaved, lower quartile. For a before/after, run it alternately here and in a
+T(n): the target forward over n tree tokens at 300 cached tokens (`--kv`: other lengths) plus the lm_head row and
+argmax (`profile.VerifyTimer`), sizes interleaved, lower quartile. For a before/after, run it alternately here and in a
 checkout of the earlier commit (`git worktree add /tmp/old <commit>`, then the same command from there), under
 `bash scripts/campaign_hold.sh` while the drafter campaign runs.
 
@@ -73,8 +73,9 @@ def main() -> None:
     engine = build_engine(threads=2)
     if args.draft:
         drafts(engine, args.repeats)
-    for kv in [] if args.draft else args.kv:
-        verification(engine, args.repeats, kv)
+    else:
+        for kv in args.kv:
+            verification(engine, args.repeats, kv)
 
 
 if __name__ == "__main__":

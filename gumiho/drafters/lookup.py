@@ -84,8 +84,8 @@ def lookup_pool(sequence: np.ndarray, tree: TreeSettings, device: torch.device |
     weights: list[float] = []
     longest: list[int] = []
     children: dict[tuple[int, int], int] = {}
-    for match in matches:
-        weight = float((tree.top_k + 1) ** match.length)
+    match_weights = [float((tree.top_k + 1) ** match.length) for match in matches]
+    for match, weight in zip(matches, match_weights):
         parent = -1
         for depth, token in enumerate(sequence[match.end + 1 : match.end + 1 + tree.depth].tolist(), start=1):
             node = children.get((parent, token))
@@ -99,7 +99,7 @@ def lookup_pool(sequence: np.ndarray, tree: TreeSettings, device: torch.device |
             weights[node] += weight
             longest[node] = max(longest[node], match.length)
             parent = node
-    total = sum(float((tree.top_k + 1) ** m.length) for m in matches)
+    total = sum(match_weights)
     scores = [math.log(w / total) + d * math.log(continues(m)) for w, d, m in zip(weights, depths, longest)]
     # Depth by depth, siblings best first (stable: equal scores keep the earlier match's branch first).
     order = sorted(range(len(tokens)), key=lambda i: (depths[i], -scores[i]))
