@@ -12,6 +12,7 @@
 # tree, the new drafter and the best so far in the same run; (4) a drafter that beats the best on both (a higher tau
 # and a held-out depth-1 accuracy at least as high) is shipped to assets/drafters (fp16, model card with the
 # cumulative tokens seen and its evaluation, acceptance statistics recalibrated); the next round starts from it.
+# FEATURES=int4 trains on, and judges by, the int4 path's features and tau instead of fp32's.
 #
 # It holds a lock (a second campaign says so and exits 2), runs under nice, and writes its process group to
 # $RUNS/campaign.pid, which `python -m gumiho bench` stops while it measures and continues afterwards (on 2 cores
@@ -34,6 +35,10 @@ LR=${LR:-2e-4}
 UNROLL=${UNROLL:-2}                   # training-time test: draft steps trained per position
 CHECKPOINT_MINUTES=${CHECKPOINT_MINUTES:-5}
 THREADS=${THREADS:-2}
+# The target path whose features the drafters train on and whose tau judges them: float32 (the replies' own
+# forward), or int4, the path a CPU runs the default model on (the same replies, their features computed again
+# through the engine's 4-bit forward: `python -m gumiho.train refeature`).
+FEATURES=${FEATURES:-float32}
 
 mkdir -p "$RUNS"
 exec 9>"$RUNS/campaign.lock"
@@ -59,12 +64,20 @@ for round in $(seq 1 "$ROUNDS"); do
     $PY -m gumiho.train prepare --split train --skip "$SKIP" --conversations "$CONVERSATIONS" --turns "$TURNS" \
         --max-prompt-len "$MAX_PROMPT_LEN" --max-new-tokens "$NEW_TOKENS" --shard-size 64 --gen-batch 32 \
         --threads "$THREADS" --out "$data"
+    heldout="$CACHE/campaign-heldout" suffix=""
+    if [ "$FEATURES" != float32 ]; then
+        for folder in "$data" "$heldout"; do
+            $PY -m gumiho.train refeature --data "$folder" --out "$folder-$FEATURES" --dtype "$FEATURES" \
+                --threads "$THREADS"
+        done
+        data="$data-$FEATURES" heldout="$heldout-$FEATURES" suffix="-$FEATURES"
+    fi
     for drafter in gumiho eagle2; do
         shipped="assets/drafters/smollm2-135m-$drafter"
         # A run belongs to the drafter it starts from and to its data: after a drafter is shipped (here or by a GPU
         # round), or with a larger CONVERSATIONS, a restarted campaign begins new runs instead of resuming, or
         # re-judging, runs of other settings (whose checkpoints the trainer would refuse).
-        run="$RUNS/round-$round-$drafter-$(sha256sum "$shipped/model.safetensors" | cut -c1-8)-c$CONVERSATIONS"
+        run="$RUNS/round-$round-$drafter-$(sha256sum "$shipped/model.safetensors" | cut -c1-8)-c$CONVERSATIONS$suffix"
         log "round $round: fine-tune $drafter from $shipped -> $run"
         $PY -m gumiho.train --drafter "$drafter" --init "$shipped" --data "$data" --out "$run" \
             --epochs "$EPOCHS" --lr "$LR" --warmup-steps 20 --batch-tokens 4096 --unroll "$UNROLL" \
@@ -72,8 +85,8 @@ for round in $(seq 1 "$ROUNDS"); do
         for which in new shipped; do
             folder=$([ "$which" = new ] && echo "$run/drafter" || echo "$shipped")
             [ -s "$run/eval-$which.json" ] || $PY -m gumiho.train eval --drafter-dir "$folder" \
-                --heldout "$CACHE/campaign-heldout" --prompts data/benchmarks/mt_bench.jsonl --limit 20 \
-                --threads "$THREADS" --out "$run/eval-$which.json"
+                --heldout "$heldout" --prompts data/benchmarks/mt_bench.jsonl --limit 20 \
+                --threads "$THREADS" --dtype "$FEATURES" --out "$run/eval-$which.json"
         done
         new=$(tau "$run/eval-new.json"); old=$(tau "$run/eval-shipped.json")
         new1=$(chain1 "$run/eval-new.json"); old1=$(chain1 "$run/eval-shipped.json")

@@ -125,3 +125,33 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, 
     with pytest.raises(GumihoError, match="No space left.*last good checkpoint"):
         trainer.save_checkpoint(path, trainer.TrainConfig(drafter="eagle2", data="d", out="o"), state)
     assert path.read_bytes() == b"the last good one" and not path.with_suffix(".tmp").exists()
+
+
+def test_a_step_of_the_campaign_itself_pauses_nothing(tmp_path):
+    """The campaign's own steps build engines (tau, calibration): stopping their own process group would hang them."""
+    own = tmp_path / "campaign.pid"
+    own.write_text(f"{os.getpgrp()}\n")
+    with campaign_paused(own) as paused:
+        assert not paused
+
+
+def test_the_machine_profile_is_measured_with_the_campaign_paused(campaign, tmp_path, monkeypatch):
+    """A profile measured under the campaign's load would be cached, and would misjudge every later run."""
+    from gumiho import profile as prof
+    from tests.conftest import random_drafter, tiny_target
+
+    worker, pid_file = campaign
+    monkeypatch.setenv("GUMIHO_CAMPAIGN_PID", str(pid_file))
+    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path / "cache"))
+    seen = []
+
+    def measure(target, drafters, **kwargs):
+        seen.append(state(worker.pid))
+        return real(target, drafters, repeats=1, top_ks=(2,), progress=False)
+
+    real = prof.measure
+    monkeypatch.setattr(prof, "measure", measure)
+    target = tiny_target(seed=1, vocab=32)
+    prof.load_or_measure(target, {"eagle2": random_drafter("eagle2", target, seed=1)}, progress=False)
+    time.sleep(0.2)
+    assert seen == ["T"] and state(worker.pid) != "T"

@@ -21,6 +21,9 @@ def _exit_code(argv: list[str]) -> int:
     (["prepare", "--out", "x", "--split", "test"], "--split must be train or heldout"),
     (["prepare", "--out", "x", "--turns", "0"], "--turns must be at least 1"),
     (["ship", "--run", "no/such/run", "--dest", "x"], "not a finished training run"),
+    (["refeature", "--data", "no/such/folder", "--out", "x"], "no/such/folder holds no feature shards"),
+    (["refeature", "--data", "x", "--out", "./x"], "--out must be another folder than --data"),
+    (["refeature", "--data", "x", "--out", "y", "--dtype", "int8"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_non_zero(capsys, argv, message):
     code = _exit_code(argv)

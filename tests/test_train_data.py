@@ -276,3 +276,38 @@ def test_long_prompts_are_generated_in_smaller_batches():
     assert [[lengths[i] for i in b] for b in batches] == [[10, 20, 30, 40], [250, 600], [900], [1000]]
     for b in batches:
         assert len(b) <= 4 and len(b) * (max(lengths[i] for i in b) + 100) <= 4 * (SIZED_FOR + 100)
+
+
+def test_refeature_gives_the_int4_paths_own_features_for_the_same_conversations(tmp_path):
+    from gumiho.int4 import int4_available
+    from gumiho.profile import ExecPath, target_for
+    from gumiho.train.data import Rendered
+    from gumiho.train.prepare import refeature
+
+    if not int4_available():
+        pytest.skip("no 4-bit kernel on this machine")
+    target = tiny_target(vocab=32)
+    rendered = [Rendered("a/0", [3, 4, 5, 6, 7, 9], [0, 0, 1, 1, 1, 1]), Rendered("b/0", [8, 9, 10], [0, 1, 1])]
+    source = tmp_path / "fp32"
+    source.mkdir()
+    (source / "prepare.json").write_text(json.dumps({"split": "train", "turns": 1}))
+    write_shard(source / "shard-00000.safetensors", rendered, target_features(target, rendered))
+    int4 = target_for(target, ExecPath("int4", "lean", pack=False))
+    out = refeature(source, tmp_path / "int4", int4)
+
+    again, before = load_sequences(out), load_sequences(source)
+    assert [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in again] == \
+        [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in before]
+    for seq in again:  # what the engine's int4 forward gives, not the fp32 model's
+        with torch.inference_mode():
+            engine = int4.features(seq.input_ids, int4.new_cache(), prefill=True).to(torch.float16)
+        assert torch.equal(seq.features, engine)
+    fp32, four_bit = torch.cat([s.features for s in before]).float(), torch.cat([s.features for s in again]).float()
+    assert not torch.equal(fp32, four_bit) and torch.cosine_similarity(fp32, four_bit, -1).min() > 0.95
+    recipe = json.loads((out / "manifest.json").read_text())["recipe"]
+    assert recipe["features_path"] == "int4" and recipe["features_from"] == str(source) and recipe["turns"] == 1
+
+    shard = out / "shard-00000.safetensors"
+    stamp = shard.stat().st_mtime_ns
+    refeature(source, out, int4)  # resumes: a finished shard is kept
+    assert shard.stat().st_mtime_ns == stamp

@@ -67,11 +67,13 @@ def campaign_paused(pid_file: Path | None = None) -> Iterator[bool]:
     $GUMIHO_CAMPAIGN_PID overrides the default) while the block measures, and let it go on afterwards, whatever
     happens in the block. Holders may overlap (this and scripts/campaign_hold.sh): each holds a shared lock on
     hold.lock beside the pid file, and only the last one out continues the campaign. Yields whether a campaign was
-    paused."""
+    paused; a block that runs inside the campaign (its own steps build engines too) pauses nothing."""
     path = Path(pid_file or os.environ.get("GUMIHO_CAMPAIGN_PID", CAMPAIGN_PID))
     group, hold = None, None
     try:
         group = int(path.read_text().strip())
+        if group == os.getpgrp():
+            raise ValueError("the campaign itself")
         hold = open(path.with_name("hold.lock"), "a")
         fcntl.flock(hold, fcntl.LOCK_SH)
         os.killpg(group, signal.SIGSTOP)

@@ -1,6 +1,7 @@
 """Command line of the training pipeline.
 
     python -m gumiho.train prepare --out DIR [--split train|heldout] [--no-distill] ...   # data + target features
+    python -m gumiho.train refeature --data DIR --out DIR --dtype int4                    # features of another path
     python -m gumiho.train --drafter eagle2|gumiho|medusa|hydra --data DIR --out RUN ...  # train (resumable)
     python -m gumiho.train eval --drafter-dir FOLDER --heldout DIR [--mt-bench N] ...     # accuracy and tau
     python -m gumiho.train ship --run RUN --dest FOLDER                                   # fp16 drafter + model card
@@ -43,6 +44,11 @@ def _target(args: argparse.Namespace):
 
     from ..target import load_target
 
+    if args.dtype == "int4":  # the engine's int4 path: features, tau and generation as a CPU user gets them
+        from ..profile import ExecPath, target_for
+
+        base = load_target(args.model, device=args.device, threads=args.threads, dtype=torch.float32)
+        return target_for(base, ExecPath("int4", "lean", pack=base.pack))
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     return load_target(args.model, device=args.device, threads=args.threads, dtype=dtype)
 
@@ -51,9 +57,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                        help="target dtype (auto: fp32 on CPU, bf16 on GPUs); fp32 keeps generated replies and "
-                             "features identical in kind to what the CPU target produces")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16", "int4"], default="auto",
+                        help="target dtype (auto: fp32 on CPU, bf16 on GPUs); int4: the engine's 4-bit path (CPU), "
+                             "whose features and greedy replies a drafter meets there")
 
 
 def prepare_main(argv: list[str]) -> int:
@@ -69,6 +75,23 @@ def prepare_main(argv: list[str]) -> int:
         raise GumihoError(f"--turns must be at least 1, not {args.turns}")
     out = prepare(_config(PrepareConfig, args), _target(args))
     print(out)
+    return 0
+
+
+def refeature_main(argv: list[str]) -> int:
+    from .prepare import refeature
+
+    parser = OneLineParser(prog="python -m gumiho.train refeature",
+                           description="a prepared folder's conversations with features from another path")
+    parser.add_argument("--data", required=True, help="feature folder from prepare")
+    parser.add_argument("--out", required=True, help="folder for the new shards")
+    _common(parser)
+    args = parser.parse_args(argv)
+    if Path(args.out).resolve() == Path(args.data).resolve():
+        raise GumihoError("--out must be another folder than --data")
+    if not any(Path(args.data).glob("shard-*.safetensors")):
+        raise GumihoError(f"{args.data} holds no feature shards; run `python -m gumiho.train prepare` first")
+    print(refeature(args.data, args.out, _target(args)))
     return 0
 
 
@@ -145,7 +168,7 @@ def ship_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"prepare": prepare_main, "eval": eval_main, "ship": ship_main}
+COMMANDS = {"prepare": prepare_main, "refeature": refeature_main, "eval": eval_main, "ship": ship_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,12 @@ class Sequence:
 
 @torch.inference_mode()
 def target_features(target: Target, rendered: list[Rendered], batch_tokens: int = 4096) -> list[torch.Tensor]:
-    """Post-norm last-layer features [T, H] (fp16, CPU) of each sequence, computed in right-padded batches."""
+    """Post-norm last-layer features [T, H] (fp16, CPU) of each sequence, computed in right-padded batches; on the
+    int4 path one sequence at a time through the engine's own forward (its kernels take no padding), so that a
+    drafter trained on them sees the features it will be given at inference there."""
+    if target.int4:
+        return [target.features(torch.tensor(r.input_ids, device=target.device), target.new_cache(), prefill=True)
+                .to("cpu", torch.float16) for r in rendered]
     order = sorted(range(len(rendered)), key=lambda i: len(rendered[i].input_ids))
     out: list[torch.Tensor | None] = [None] * len(rendered)
     start = 0
@@ -65,6 +70,14 @@ def write_shard(path: Path, rendered: list[Rendered], features: list[torch.Tenso
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata={"ids": json.dumps([r.id for r in rendered])})
     tmp.replace(path)
+
+
+def read_rendered(path: Path) -> list[Rendered]:
+    """A shard's conversations without their features: what `target_features` needs to compute them again."""
+    with safe_open(str(path), framework="pt") as f:
+        ids, mask = f.get_tensor("input_ids").tolist(), f.get_tensor("loss_mask").tolist()
+        offsets, names = f.get_tensor("offsets").tolist(), json.loads(f.metadata()["ids"])
+    return [Rendered(name, ids[a:b], mask[a:b]) for name, a, b in zip(names, offsets[:-1], offsets[1:])]
 
 
 def read_shard(path: Path) -> list[Sequence]:

@@ -14,7 +14,7 @@ from ..errors import GumihoError
 from ..target import Target
 from .data import Conversation, load_conversations, render, split
 from .distill import regenerate
-from .features import shard_summary, target_features, write_shard
+from .features import read_rendered, shard_summary, target_features, write_shard
 from .precision import autocast, uses_bf16
 from .options import option
 
@@ -91,6 +91,32 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
         bar.update(len(group))
         bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - started):.0f}")
     bar.close()
+    write_manifest(out)
+    return out
+
+
+def refeature(source: str | Path, out: str | Path, target: Target) -> Path:
+    """The conversations of a prepared folder with their features computed again by `target` (another path: the
+    int4 one, whose features a drafter meets on a CPU), shard by shard and resumable like `prepare`."""
+    source, out = Path(source), Path(out)
+    shards = sorted(source.glob("shard-*.safetensors"))
+    if not shards:
+        raise GumihoError(f"{source} holds no feature shards; run `python -m gumiho.train prepare` first")
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = json.loads((source / "prepare.json").read_text())
+    recipe.update(out=str(out), features_from=str(source), features_path=target.precision)
+    (out / "prepare.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    if (source / "prompts.jsonl").is_file():
+        (out / "prompts.jsonl").write_text((source / "prompts.jsonl").read_text())
+    tokens, started = 0, time.time()
+    with tqdm(shards, unit="shard", desc=f"features ({target.precision})") as bar:
+        for shard in bar:
+            if (out / shard.name).exists():
+                continue
+            rendered = read_rendered(shard)
+            write_shard(out / shard.name, rendered, target_features(target, rendered))
+            tokens += sum(len(r.input_ids) for r in rendered)
+            bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - started):.0f}")
     write_manifest(out)
     return out
 
