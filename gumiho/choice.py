@@ -58,7 +58,7 @@ class Choice:
             return f"{head}, AR: expected {m.tokens_per_s:.0f} tokens/s" if m else head
         n = m.tree.total_tokens
         tree = f"{METHOD_NAMES.get(method, method)} tree {n} token{'s' if n != 1 else ''}, top_k {m.tree.top_k}"
-        return f"{head}, {tree}: expected {m.speedup:.2f}x over AR" + (f" ({m.note})" if m.note else "")
+        return f"{head}, {tree}: expected {m.speedup:.2f}x over AR while decoding" + (f" ({m.note})" if m.note else "")
 
     def to_dict(self) -> dict:
         return {"path": {"dtype": self.path.dtype, "forward": self.path.forward, "pack": self.path.pack},

@@ -110,7 +110,7 @@ def test_generate_streams_and_draws_the_tree(page):
     click_until(page, page.get_by_role("button", name="Generate", exact=True), "Done.")
     page.get_by_text("Model ready", exact=False).first.wait_for()
     assert page.get_by_text(re.compile(r"on device \w+ · (bf16|fp32|fp16|int4).*, lean forward, Gumiho tree \d+ tokens?, "
-                                       r"top_k \d+: expected [\d.]+x over AR( \([^)]*\))? · drafters: .*EAGLE-2 .+, "
+                                       r"top_k \d+: expected [\d.]+x over AR while decoding( \([^)]*\))? · drafters: .*EAGLE-2 .+, "
                                        r"Gumiho ")).count() == 1
     results = page.get_by_text(re.compile(r"Gumiho · \d+ tokens in \d+ cycles"))
     assert results.count() == 1, "the result line is shown once"

@@ -232,6 +232,7 @@ def test_race_table_speedup_is_over_ar():
     table = render.race_table(race_traces())
     assert list(table["method"]) == ["Gumiho +FTA", "AR"]
     assert list(table["speed-up vs AR"]) == ["2.00×", "1.00×"]
+    assert list(table["decoding speed-up"]) == ["2.50×", "1.00×"]  # 0.2 s against 0.5 after the same 0.1 s prefill
     assert list(table["τ"]) == [2.5, 1.0]
 
 
