@@ -176,9 +176,9 @@ class Q8Matrix:
     / 127, q = round(w / d)), through kernels/q8_matmul.cpp; the int4 path's lm_head.
 
     The default model's tied embedding is stored as Q8_0 in its GGUF, so re-making the blocks from the loaded
-    weight gives them back exactly and the product is the model's own to fp32 rounding (the fp16 head it replaces
-    was off by up to 1e-2). One row costs about two-thirds of that fp16 head, four rows about as much as one and a
-    half, and every row is computed as it would be alone: a verification can read its rows together."""
+    weight gives them back exactly; the input is rounded to 8 bits per block of 32 as llama.cpp's Q8_0 products
+    round it (the fp16 head this replaced was off by up to 1e-2). Every row is computed as it would be alone, and
+    a further row costs a fraction of the first: a verification can read its rows together."""
 
     def __init__(self, weight: torch.Tensor, kernel):
         rows, columns = weight.shape

@@ -1,5 +1,6 @@
 """The int4 path's lm_head in 8-bit blocks (gumiho/kernels/q8_matmul.cpp, int4.Q8Matrix): products equal to the
-dequantized weight, rows computed alike whatever their number, Q8_0 blocks recovered exactly; and the greedy walk
+dequantized weight times the input rounded to 8 bits per block, rows computed alike whatever their number, Q8_0
+blocks recovered exactly; and the greedy walk
 that reads the draft's likeliest path in one product, deciding exactly as the one-row walk does."""
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ def test_products_equal_the_dequantized_weight_and_rows_do_not_depend_on_their_n
     assert ((dequantized - weight).view(300, -1, GROUP).abs() <= blocks / 254 + 1e-7).all()  # half a step
     x = torch.randn(9, 4 * GROUP, generator=g)
     together = matrix(x)
-    torch.testing.assert_close(together, x @ dequantized.t(), rtol=1e-5, atol=1e-5)
+    blocks = x.view(9, -1, GROUP).double()
+    dx = blocks.abs().amax(-1, keepdim=True) / 127
+    rounded = ((blocks / dx).round().clamp(-127, 127) * dx).view(9, -1)  # the input as the kernel rounds it
+    torch.testing.assert_close(together.double(), rounded @ dequantized.double().t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(together, x @ dequantized.t(), rtol=0, atol=0.05 * (x @ dequantized.t()).abs().max())
     for rows in (1, 2, 3, 4, 5, 8):
         assert torch.equal(matrix(x[:rows]), together[:rows]), rows
     for row in range(9):
@@ -125,3 +130,21 @@ def test_the_sampling_walk_reads_the_same_rows_and_draws_the_same_tokens_with_on
                                 torch.Generator().manual_seed(seed))
         assert (joint.nodes, joint.bonus, joint.tests) == (alone.nodes, alone.bonus, alone.tests), seed
         assert together.calls[0] == PREFETCH_ROWS
+
+
+def test_every_instruction_set_gives_the_same_bits(kernel, tmp_path):
+    """The integer dot products are exact, and the float steps the same, with VNNI, with AVX2 alone and in plain
+    C++: a machine's outputs do not depend on which of them its processor has."""
+    from torch.utils.cpp_extension import load
+
+    source = str(kernels.HERE / "q8_matmul.cpp")
+    builds = {"avx2": ["-O3", "-mavx2", "-mfma", "-mf16c"], "plain": ["-O3"]}
+    g = torch.Generator().manual_seed(4)
+    weight, x = torch.randn(700, 18 * GROUP, generator=g), torch.randn(5, 18 * GROUP, generator=g)
+    matrix = Q8Matrix(weight, kernel)
+    expected = matrix(x)
+    for name, flags in builds.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        other = load(name=f"q8_{name}", sources=[source], extra_cflags=flags, build_directory=str(folder))
+        assert torch.equal(other.q8_matmul(x, matrix.q, matrix.scale), expected), name

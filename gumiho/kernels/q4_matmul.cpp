@@ -56,24 +56,6 @@ inline float half_to_float(uint16_t h) {
     return f;
 }
 
-// One input row rounded per block: xq [K] int8, dx and sx [K / 32].
-void quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) {
-    for (int64_t b = 0; b < K / BLOCK; ++b) {
-        const float* xb = x + b * BLOCK;
-        float amax = 0.f;
-        for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-        const float d = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
-        int32_t sum = 0;
-        for (int i = 0; i < BLOCK; ++i) {
-            const int32_t q = static_cast<int32_t>(std::nearbyint(xb[i] * inverse));
-            xq[b * BLOCK + i] = static_cast<int8_t>(std::clamp(q, -127, 127));
-            sum += xq[b * BLOCK + i];
-        }
-        dx[b] = d;
-        sx[b] = d * static_cast<float>(sum);
-    }
-}
-
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 // For R input rows, sum over inputs of q_v * xq for the 8 rows v of a record: the 8 vectors of nibbles times
 // 4-byte groups of x, the rows' sums interleaved so that their chains overlap (integer sums: exact in any order).

@@ -2,6 +2,31 @@
 // header with each source, so a change here rebuilds every one).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+// One input row rounded to 8 bits per block of 32 (llama.cpp's Q8 activations): xq [K] int8 in [-127, 127], the
+// block's scale dx = absmax / 127 and, where `sx` is given, dx times the block's sum of xq (for weights with a
+// minimum). Each row is rounded alone, so a row's products never depend on the rows beside it.
+inline void quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx = nullptr) {
+    constexpr int64_t BLOCK = 32;
+    for (int64_t b = 0; b < K / BLOCK; ++b) {
+        const float* xb = x + b * BLOCK;
+        float amax = 0.f;
+        for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const float d = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
+        int32_t sum = 0;
+        for (int i = 0; i < BLOCK; ++i) {
+            const int32_t q = static_cast<int32_t>(std::nearbyint(xb[i] * inverse));
+            xq[b * BLOCK + i] = static_cast<int8_t>(std::clamp(q, -127, 127));
+            sum += xq[b * BLOCK + i];
+        }
+        dx[b] = d;
+        if (sx) sx[b] = d * static_cast<float>(sum);
+    }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
