@@ -139,14 +139,16 @@ def test_the_drafter_sees_the_whole_sequence():
 
 
 def test_the_drafters_index_of_positions_finds_what_a_scan_of_the_whole_sequence_finds():
-    """The drafter looks for matches only where the root's token occurred before (its index); every cycle's pool
-    equals `lookup_pool` over the whole sequence, node for node."""
+    """The drafter looks for matches only where the root's token (or, for matches of three or more, the last three
+    tokens) occurred before (its indexes); every cycle's pool equals `lookup_pool` over the whole sequence, node for
+    node."""
     target = tiny_target()
     drafter = weight_free("lookup", target.model.config)
     generator = torch.Generator().manual_seed(1)
     features = torch.zeros(8, target.hidden_size)
-    for trial in range(20):
-        shape = tree(top_k=1 + trial % 4, depth=2 + trial % 5, max_ngram=1 + trial % 3, min_ngram=1 + trial % 2)
+    for trial in range(40):
+        least = 1 + trial % 4
+        shape = tree(top_k=1 + trial % 4, depth=2 + trial % 5, max_ngram=least + trial % 2, min_ngram=least)
         drafter.reset()
         drafter.observe(torch.randint(0, 5, (12,), generator=generator), features[:1])
         for _ in range(15):

@@ -123,6 +123,9 @@ class LookupDrafter(WeightFreeDrafter):
     def reset(self) -> None:
         self._sequence = np.empty(1024, dtype=np.int64)
         self._where: dict[int, list[int]] = {}  # token -> its positions in the sequence: where a match may end
+        # The last three tokens -> the positions where those three end: where a match of three or more may end. A
+        # learned drafter's switch (tree.lookup_merge) asks every cycle and is mostly told "nowhere" at once.
+        self._where3: dict[tuple[int, int, int], list[int]] = {}
         self._length = 0
         self._first = 0  # the sequence index of _sequence[0]: 1 when the prompt's first token was never seen
         self._pairs = 0  # pairs received by propose: their tokens are the sequence's tokens 1 .. _pairs
@@ -144,8 +147,11 @@ class LookupDrafter(WeightFreeDrafter):
         skip = max(0, self._first + self._length - start)  # tokens the prefill already gave
         self._append(tokens[skip:].tolist())
         self._pairs += tokens.shape[0]
-        earlier = self._where[int(self._sequence[self._length - 1])][:-1] if self._length else []  # minus the root
-        if not earlier:
+        if tree.min_ngram >= 3 and self._length >= 3:
+            earlier = self._where3[tuple(self._sequence[self._length - 3 : self._length].tolist())][:-1]
+        else:
+            earlier = self._where[int(self._sequence[self._length - 1])][:-1] if self._length else []
+        if not earlier:  # the root's own position left out above
             return DraftPool()
         return lookup_pool(self.sequence, tree, tokens.device, np.array(earlier))
 
@@ -156,6 +162,10 @@ class LookupDrafter(WeightFreeDrafter):
             grown[: self._length] = self._sequence[: self._length]
             self._sequence = grown
         self._sequence[self._length : end] = tokens
+        last = self._sequence[max(0, self._length - 2) : self._length].tolist()
         for position, token in enumerate(tokens, start=self._length):
             self._where.setdefault(token, []).append(position)
+            last.append(token)
+            if len(last) >= 3:
+                self._where3.setdefault((last[-3], last[-2], last[-1]), []).append(position)
         self._length = end
