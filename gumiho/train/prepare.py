@@ -103,7 +103,8 @@ def refeature(source: str | Path, out: str | Path, target: Target) -> Path:
     if not shards:
         raise GumihoError(f"{source} holds no feature shards; run `python -m gumiho.train prepare` first")
     out.mkdir(parents=True, exist_ok=True)
-    recipe = json.loads((source / "prepare.json").read_text())
+    settings = source / "prepare.json"
+    recipe = json.loads(settings.read_text()) if settings.is_file() else {}
     recipe.update(out=str(out), features_from=str(source), features_path=target.precision)
     (out / "prepare.json").write_text(json.dumps(recipe, indent=2) + "\n")
     if (source / "prompts.jsonl").is_file():
