@@ -79,6 +79,7 @@ def prepare_main(argv: list[str]) -> int:
 
 
 def refeature_main(argv: list[str]) -> int:
+    from .features import shard_paths
     from .prepare import refeature
 
     parser = OneLineParser(prog="python -m gumiho.train refeature",
@@ -89,8 +90,7 @@ def refeature_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if Path(args.out).resolve() == Path(args.data).resolve():
         raise GumihoError("--out must be another folder than --data")
-    if not any(Path(args.data).glob("shard-*.safetensors")):
-        raise GumihoError(f"{args.data} holds no feature shards; run `python -m gumiho.train prepare` first")
+    shard_paths(args.data)  # before the model loads
     print(refeature(args.data, args.out, _target(args)))
     return 0
 

@@ -99,10 +99,16 @@ def shard_summary(path: Path) -> dict:
             "loss_mask_sha256": hashlib.sha256(mask.numpy().tobytes()).hexdigest()}
 
 
-def load_sequences(folder: str | Path) -> list[Sequence]:
+def shard_paths(folder: str | Path) -> list[Path]:
+    """A prepared folder's feature shards in order; an error naming the folder when it holds none."""
     shards = sorted(Path(folder).glob("shard-*.safetensors"))
     if not shards:
         raise GumihoError(f"{folder} holds no feature shards; run `python -m gumiho.train prepare` first")
+    return shards
+
+
+def load_sequences(folder: str | Path) -> list[Sequence]:
+    shards = shard_paths(folder)
     sequences = []
     for shard in shards:
         try:

@@ -14,7 +14,7 @@ from ..errors import GumihoError
 from ..target import Target
 from .data import Conversation, load_conversations, render, split
 from .distill import regenerate
-from .features import read_rendered, shard_summary, target_features, write_shard
+from .features import read_rendered, shard_paths, shard_summary, target_features, write_shard
 from .precision import autocast, uses_bf16
 from .options import option
 
@@ -99,9 +99,7 @@ def refeature(source: str | Path, out: str | Path, target: Target) -> Path:
     """The conversations of a prepared folder with their features computed again by `target` (another path: the
     int4 one, whose features a drafter meets on a CPU), shard by shard and resumable like `prepare`."""
     source, out = Path(source), Path(out)
-    shards = sorted(source.glob("shard-*.safetensors"))
-    if not shards:
-        raise GumihoError(f"{source} holds no feature shards; run `python -m gumiho.train prepare` first")
+    shards = shard_paths(source)
     out.mkdir(parents=True, exist_ok=True)
     settings = source / "prepare.json"
     recipe = json.loads(settings.read_text()) if settings.is_file() else {}
