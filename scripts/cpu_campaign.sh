@@ -12,7 +12,9 @@
 # tree, the new drafter and the best so far in the same run; (4) a drafter that beats the best on both (a higher tau
 # and a held-out depth-1 accuracy at least as high) is shipped to assets/drafters (fp16, model card with the
 # cumulative tokens seen and its evaluation, acceptance statistics recalibrated); the next round starts from it.
-# FEATURES=int4 trains on, and judges by, the int4 path's features and tau instead of fp32's.
+# FEATURES=int4 trains on, and judges by, the int4 path's features and tau instead of fp32's. DISTILL=gumiho writes
+# the replies through the engine's own decoding loop on that path (prepare --engine), TASKS=1 takes task-shaped
+# prompts (python -m gumiho.train prompts) instead of whole ShareGPT conversations.
 #
 # It holds a lock (a second campaign says so and exits 2), runs under nice, and writes its process group to
 # $RUNS/campaign.pid, which `python -m gumiho bench` stops while it measures and continues afterwards (on 2 cores
@@ -39,6 +41,16 @@ THREADS=${THREADS:-2}
 # forward), or int4, the path a CPU runs the default model on (the same replies, their features computed again
 # through the engine's 4-bit forward: `python -m gumiho.train refeature`).
 FEATURES=${FEATURES:-float32}
+# Who writes the replies: empty, batches of float32 rows (features then recomputed for FEATURES); or a method
+# (gumiho, ar, lookup ...) whose greedy decoding loop on the FEATURES path writes them one prompt at a time, exactly
+# that path's AR replies, with no refeature step: on the 2-core Zen 4 EPYC the int4 path's Gumiho wrote 216 reply
+# tokens/s against 98 for batches of 32 (docs/training.md#task-shaped-data).
+DISTILL=${DISTILL:-}
+# 1: one turn each of ShareGPT first turns that ask for the benchmark sets' kinds of task (code, arithmetic,
+# summaries of a given text, short factual questions, short instructions; none sharing 8 words with a benchmark
+# prompt), at most PER_TASK of each, instead of whole ShareGPT conversations.
+TASKS=${TASKS:-0}
+PER_TASK=${PER_TASK:-400}
 
 mkdir -p "$RUNS"
 exec 9>"$RUNS/campaign.lock"
@@ -57,20 +69,35 @@ chain1() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['chain_a
 
 $PY -c "from gumiho.target import ensure_default_model; ensure_default_model()"
 for round in $(seq 1 "$ROUNDS"); do
-    data="$CACHE/campaign-train"
-    log "round $round: data ($CONVERSATIONS conversations, $TURNS turns, prompts up to $MAX_PROMPT_LEN tokens)"
-    $PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --max-new-tokens "$NEW_TOKENS" \
-        --shard-size 64 --gen-batch 32 --threads "$THREADS" --out "$CACHE/campaign-heldout"
-    $PY -m gumiho.train prepare --split train --skip "$SKIP" --conversations "$CONVERSATIONS" --turns "$TURNS" \
-        --max-prompt-len "$MAX_PROMPT_LEN" --max-new-tokens "$NEW_TOKENS" --shard-size 64 --gen-batch 32 \
-        --threads "$THREADS" --out "$data"
-    heldout="$CACHE/campaign-heldout" suffix=""
-    if [ "$FEATURES" != float32 ]; then
+    name=campaign skip=$SKIP turns=$TURNS suffix=""
+    prompts=(); heldout_prompts=()
+    if [ "$TASKS" = 1 ]; then
+        name=task skip=0 turns=1 suffix="-tasks$PER_TASK"
+        for side in train heldout; do
+            [ -s "$CACHE/task-prompts-$side.jsonl" ] || $PY -m gumiho.train prompts --split "$side" \
+                --per-task "$PER_TASK" --out "$CACHE/task-prompts-$side.jsonl"
+        done
+        prompts=(--data "$CACHE/task-prompts-train.jsonl")
+        heldout_prompts=(--data "$CACHE/task-prompts-heldout.jsonl" --max-prompt-len "$MAX_PROMPT_LEN")
+    fi
+    data="$CACHE/$name-train" heldout="$CACHE/$name-heldout" writer=()
+    if [ -n "$DISTILL" ]; then  # the FEATURES path writes the replies and their features at once
+        data="$data-$DISTILL-$FEATURES" heldout="$heldout-$DISTILL-$FEATURES" suffix="$suffix-$DISTILL-$FEATURES"
+        writer=(--engine "$DISTILL" --dtype "$FEATURES")
+    fi
+    log "round $round: data ($CONVERSATIONS conversations, $turns turns, prompts up to $MAX_PROMPT_LEN tokens)"
+    $PY -m gumiho.train prepare --split heldout "${heldout_prompts[@]}" --conversations "$HELDOUT" \
+        --max-new-tokens "$NEW_TOKENS" --shard-size 64 --gen-batch 32 --threads "$THREADS" "${writer[@]}" \
+        --out "$heldout"
+    $PY -m gumiho.train prepare --split train "${prompts[@]}" --skip "$skip" --conversations "$CONVERSATIONS" \
+        --turns "$turns" --max-prompt-len "$MAX_PROMPT_LEN" --max-new-tokens "$NEW_TOKENS" --shard-size 64 \
+        --gen-batch 32 --threads "$THREADS" "${writer[@]}" --out "$data"
+    if [ -z "$DISTILL" ] && [ "$FEATURES" != float32 ]; then
         for folder in "$data" "$heldout"; do
             $PY -m gumiho.train refeature --data "$folder" --out "$folder-$FEATURES" --dtype "$FEATURES" \
                 --threads "$THREADS"
         done
-        data="$data-$FEATURES" heldout="$heldout-$FEATURES" suffix="-$FEATURES"
+        data="$data-$FEATURES" heldout="$heldout-$FEATURES" suffix="$suffix-$FEATURES"
     fi
     for drafter in gumiho eagle2; do
         shipped="assets/drafters/smollm2-135m-$drafter"

@@ -138,7 +138,7 @@ def _greedy_alone(target, prompt: list[int], new: int) -> list[int]:
 
 
 def test_self_distillation_answers_each_turn_with_the_targets_own_earlier_replies():
-    from gumiho.train.distill import regenerate
+    from gumiho.train.distill import batched_replier, regenerate
 
     target = _chat_target()
     user = lambda text: {"role": "user", "content": text}  # noqa: E731
@@ -146,7 +146,7 @@ def test_self_distillation_answers_each_turn_with_the_targets_own_earlier_replie
     convs = [Conversation("a", [user("w3 w4 w5"), reply, user("w6"), reply, user("w7")]),
              Conversation("b", [user("w8"), reply, user("w10 w11 w12 w13")]),
              Conversation("c", [user("w3")])]
-    rendered = regenerate(target, convs, max_prompt_len=40, max_new_tokens=4, batch_size=2, turns=2)
+    rendered = regenerate(target, convs, batched_replier(target, 4, 2), max_prompt_len=40, turns=2)
     assert [r.id for r in rendered] == ["a", "b", "c", "a/turn2", "b/turn2"]  # a's third turn is past `turns`
     by_id = {r.id: r for r in rendered}
     for r in rendered:
@@ -161,15 +161,41 @@ def test_self_distillation_answers_each_turn_with_the_targets_own_earlier_replie
 
 
 def test_self_distillation_stops_a_conversation_at_its_first_prompt_that_is_too_long():
-    from gumiho.train.distill import regenerate
+    from gumiho.train.distill import batched_replier, regenerate
 
     target = _chat_target()
     user = lambda text: {"role": "user", "content": text}  # noqa: E731
     reply = {"role": "assistant", "content": "w9"}
     convs = [Conversation("long", [user(" ".join(["w5"] * 12))]),
              Conversation("short", [user("w5"), reply, user(" ".join(["w6"] * 6))])]
-    rendered = regenerate(target, convs, max_prompt_len=12, max_new_tokens=3, batch_size=4, turns=2)
+    rendered = regenerate(target, convs, batched_replier(target, 3, 4), max_prompt_len=12, turns=2)
     assert [r.id for r in rendered] == ["short"]  # its second prompt (6 + 3 reply + template tokens) is too long
+
+
+@pytest.mark.parametrize("method", ["ar", "lookup", "recycle"])
+def test_replies_written_by_the_engine_equal_the_batched_greedy_replies(method):
+    """`prepare --engine METHOD`: one prompt at a time through the decoding loop, greedy speculation included, gives
+    the target's greedy replies (its end-of-turn token kept), as the batches do."""
+    from gumiho.train.distill import batched_replier, engine_replier
+
+    target = _chat_target()
+    prompts = [[5, 6, 7, 5, 6], [8, 9], [5, 6, 7, 5, 6, 7, 5]]  # repeats give lookup something to propose
+    expected = batched_replier(target, 10, 3)(prompts)
+    target.eos_ids = {expected[1][3]}  # the second reply ends early, at its end-of-turn token
+    expected = batched_replier(target, 10, 3)(prompts)
+    assert len(expected[1]) == 4 and any(len(r) == 10 for r in expected)
+    assert engine_replier(target, method, 10)(prompts) == expected
+
+
+def test_engine_replies_need_an_exact_method_with_its_weights():
+    from gumiho.errors import GumihoError
+    from gumiho.train.distill import engine_replier
+
+    target = _chat_target()
+    with pytest.raises(GumihoError, match="no trained gumiho drafter ships for tiny"):
+        engine_replier(target, "gumiho", 4)
+    with pytest.raises(GumihoError, match="exact at T = 0"):
+        engine_replier(target, "mjsd", 4)
 
 
 def test_jsonl_training_data_in_three_forms(tmp_path):

@@ -2,6 +2,7 @@
 
     python -m gumiho.train prepare --out DIR [--split train|heldout] [--no-distill] ...   # data + target features
     python -m gumiho.train refeature --data DIR --out DIR --dtype int4                    # features of another path
+    python -m gumiho.train prompts --out FILE.jsonl [--per-task N]                        # task-shaped prompts
     python -m gumiho.train --drafter eagle2|gumiho|medusa|hydra --data DIR --out RUN ...  # train (resumable)
     python -m gumiho.train eval --drafter-dir FOLDER --heldout DIR [--mt-bench N] ...     # accuracy and tau
     python -m gumiho.train ship --run RUN --dest FOLDER                                   # fp16 drafter + model card
@@ -73,6 +74,10 @@ def prepare_main(argv: list[str]) -> int:
         raise GumihoError(f"--split must be train or heldout, not {args.split!r}")
     if args.turns < 1:
         raise GumihoError(f"--turns must be at least 1, not {args.turns}")
+    if args.engine:
+        from .distill import check_engine_method
+
+        check_engine_method(args.engine, args.model)
     out = prepare(_config(PrepareConfig, args), _target(args))
     print(out)
     return 0
@@ -92,6 +97,37 @@ def refeature_main(argv: list[str]) -> int:
         raise GumihoError("--out must be another folder than --data")
     shard_paths(args.data)  # before the model loads
     print(refeature(args.data, args.out, _target(args)))
+    return 0
+
+
+def prompts_main(argv: list[str]) -> int:
+    from .data import load_conversations, split
+    from .tasks import TASKS, benchmark_ngrams, task_prompts, write_jsonl
+
+    parser = OneLineParser(prog="python -m gumiho.train prompts",
+                           description="ShareGPT first turns (training side of the split) that ask for the benchmark "
+                                       "sets' kinds of task, none overlapping a benchmark prompt; for prepare --data")
+    parser.add_argument("--out", required=True, help="JSONL file to write ({id, prompt, task} per line)")
+    parser.add_argument("--per-task", type=int, default=400, help="at most this many prompts of each task")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--data", default="", help="ShareGPT JSON or conversations .jsonl (default: the package's)")
+    parser.add_argument("--benchmarks", default=str(Path(__file__).resolve().parents[2] / "data" / "benchmarks"),
+                        help="folder of the benchmark .jsonl files whose prompts must not be trained on")
+    parser.add_argument("--heldout-percent", type=float, default=2.0, help="as prepare's: the split's held-out share")
+    parser.add_argument("--split", default="train", choices=["train", "heldout"], help="side of the split to draw from")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.per_task < 1:
+        raise GumihoError(f"--per-task must be at least 1, not {args.per_task}")
+    files = sorted(Path(args.benchmarks).glob("*.jsonl"))
+    if not files:
+        raise GumihoError(f"no benchmark .jsonl files in {args.benchmarks}: they are what the prompts must not match")
+    train, heldout = split(load_conversations(args.data or None), args.heldout_percent)
+    records = task_prompts(train if args.split == "train" else heldout, args.per_task, benchmark_ngrams(files),
+                           args.tasks, args.seed)
+    write_jsonl(Path(args.out), records)
+    counts = {t: sum(r["task"] == t for r in records) for t in args.tasks}
+    print(f"{args.out}: {len(records)} prompts ({', '.join(f'{t} {n}' for t, n in counts.items())})")
     return 0
 
 
@@ -168,7 +204,8 @@ def ship_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"prepare": prepare_main, "refeature": refeature_main, "eval": eval_main, "ship": ship_main}
+COMMANDS = {"prepare": prepare_main, "refeature": refeature_main, "prompts": prompts_main, "eval": eval_main,
+            "ship": ship_main}
 
 
 def main(argv: list[str] | None = None) -> int:

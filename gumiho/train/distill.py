@@ -3,16 +3,26 @@
 The target answers each conversation's user turns in order, greedily (T = 0, the setting the drafters are measured
 in). Turn r's prompt holds the user's first r messages and the target's own r - 1 earlier replies, decoded and
 rendered by the chat template: exactly what a multi-turn chat (MT-Bench's second turn) feeds the engine. Each reply
-becomes one training sequence, its prompt unmasked. Prompts run in batches (left-padded), which is several times
-faster per token than one by one.
+becomes one training sequence, its prompt unmasked.
+
+Two ways to write the replies (a `Replier`): prompts in batches (left-padded) through the lean forward, several
+times faster per token than one by one in plain decoding; or one prompt at a time through the engine's own decoding
+loop with a speculative method (`engine_replier`), whose greedy output is the path's AR output token for token. On
+a CPU the second is the faster: the int4 path's speculation beats a batch of fp32 rows there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 
+from ..errors import GumihoError
 from ..target import Target
 from .data import Conversation, Rendered, _template_ids
+
+Replier = Callable[[list[list[int]]], list[list[int]]]  # prompts' ids -> the target's greedy replies, in order
 
 
 SIZED_FOR = 256  # prompt tokens a batch of `batch_size` prompts is sized for
@@ -41,6 +51,45 @@ def greedy_replies(target: Target, prompts: list[list[int]], max_new_tokens: int
     for batch in length_batches([len(p) for p in prompts], batch_size, max_new_tokens):
         for i, reply in zip(batch, generate(target, [prompts[i] for i in batch], max_new_tokens)):
             replies[i] = reply
+    return replies
+
+
+def batched_replier(target: Target, max_new_tokens: int, batch_size: int) -> Replier:
+    return partial(greedy_replies, target, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+
+def check_engine_method(method: str, model: str | None) -> None:
+    """`prepare --engine METHOD` needs a method exact at T = 0 and, for one with weights, a drafter shipped for the
+    model (a random one would only slow the loop down)."""
+    from ..drafters import WEIGHT_FREE
+    from ..loader import shipped_drafter
+    from ..trace import METHODS
+
+    exact = [m for m in METHODS if m != "mjsd"]  # MJSD's joint verification is approximate (docs/design.md §16)
+    if method not in exact:
+        raise GumihoError(f"--engine {method!r}: choose one of {', '.join(exact)} (exact at T = 0)")
+    if method not in ("ar", *WEIGHT_FREE) and shipped_drafter(model, method) is None:
+        raise GumihoError(f"no trained {method} drafter ships for {model or 'the default model'}: use --engine ar, "
+                          "lookup or recycle")
+
+
+def engine_replier(target: Target, method: str, max_new_tokens: int) -> Replier:
+    """Replies written by the engine's decoding loop with `method` (its shipped drafter where it has weights, the
+    automatic trees of the machine's profile), one prompt at a time, greedy: each equals the path's AR reply."""
+    from ..engine import Engine, GenerationConfig
+    from ..loader import choose_trees, load_drafters
+
+    check_engine_method(method, target.name)
+    engine = Engine(target)
+    if method != "ar":
+        for name, (drafter, folder) in load_drafters(target, target.name, {method: None}).items():
+            engine.add_drafter(name, drafter, folder)
+    choose_trees(engine, lead=method)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)
+
+    def replies(prompts: list[list[int]]) -> list[list[int]]:
+        return [engine.generate("", method, config, prompt_ids=ids).token_ids for ids in prompts]
+
     return replies
 
 
@@ -105,14 +154,14 @@ def _transformers_batch(target: Target, prompts: list[list[int]], max_new_tokens
 def regenerate(
     target: Target,
     conversations: list[Conversation],
+    replier: Replier,
     max_prompt_len: int = 256,
-    max_new_tokens: int = 192,
-    batch_size: int = 16,
     turns: int = 1,
 ) -> list[Rendered]:
-    """One sequence per reply: the prompt ids and the target's greedy reply to it, for each conversation's first
-    `turns` user messages. The mask covers the reply (up to and including the end-of-turn token). A conversation
-    ends at its first prompt longer than `max_prompt_len` tokens or at its first empty reply."""
+    """One sequence per reply: the prompt ids and the target's greedy reply to it (written by `replier`), for each
+    conversation's first `turns` user messages. The mask covers the reply (up to and including the end-of-turn
+    token). A conversation ends at its first prompt longer than `max_prompt_len` tokens or at its first empty
+    reply."""
     tokenizer = target.tokenizer
     users = [[m["content"] for m in c.messages if m["role"] == "user"] for c in conversations]
     history: list[list[dict[str, str]]] = [[] for _ in conversations]  # by position: ids need not be unique
@@ -126,7 +175,7 @@ def regenerate(
                 ids = _template_ids(tokenizer, messages, True)
                 if len(ids) <= max_prompt_len:
                     asked.append((i, messages, ids))
-        replies = greedy_replies(target, [ids for _, _, ids in asked], max_new_tokens, batch_size)
+        replies = replier([ids for _, _, ids in asked])
         alive = []
         for (i, messages, ids), reply in zip(asked, replies):
             if not reply:

