@@ -155,3 +155,80 @@ def test_the_machine_profile_is_measured_with_the_campaign_paused(campaign, tmp_
     prof.load_or_measure(target, {"eagle2": random_drafter("eagle2", target, seed=1)}, progress=False)
     time.sleep(0.2)
     assert seen == ["T"] and state(worker.pid) != "T"
+
+
+STAND_IN_PY = """#!/usr/bin/env bash
+# Records each `python -m gumiho.train ...` call and writes what the next step reads; other calls run Python.
+echo "$*" >> "$CALLS"
+case "$*" in *ensure_default_model*) exit 0;; esac
+if [ "$1" = -m ] && [ "$2" = gumiho.train ]; then
+    shift 2
+    out="" prev=""
+    for arg in "$@"; do [ "$prev" = --out ] && out=$arg; prev=$arg; done
+    case "$1" in
+        prompts) echo '{"id": "a_0", "prompt": "Who?"}' > "$out";;
+        prepare|refeature|--drafter) mkdir -p "$out";;
+        eval) echo '{"tau": {"p": {"tau_mean": 2.0}}, "chain_accuracy": [0.5]}' > "$out";;
+    esac
+    exit 0
+fi
+exec PYTHON "$@"
+"""
+
+
+def _campaign_calls(tmp_path, **settings) -> list[str]:
+    """The gumiho.train calls of one round of the campaign with a stand-in Python (an even result: nothing ships)."""
+    stand_in = tmp_path / "py"
+    stand_in.write_text(STAND_IN_PY.replace("PYTHON", sys.executable))
+    stand_in.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "PY": str(stand_in), "CALLS": str(calls), "RUNS": str(tmp_path / "runs"),
+           "CACHE": str(tmp_path / "cache"), "CHECKPOINT_MINUTES": "1", **settings}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_campaign.sh")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [line for line in calls.read_text().splitlines() if line.startswith("-m gumiho.train")]
+
+
+def _call(calls: list[str], *words: str) -> list[str]:
+    return [c for c in calls if all(w in c.split() for w in words)]
+
+
+def test_the_default_round_distills_sharegpt_conversations_in_batches(tmp_path):
+    calls = _campaign_calls(tmp_path)
+    cache = tmp_path / "cache"
+    (heldout,), (train,) = _call(calls, "prepare", "heldout"), _call(calls, "prepare", "train")
+    assert "--engine" not in train and "--data" not in train and f"--out {cache}/campaign-train" in train
+    assert "--turns 3" in train and "--skip 12288" in train
+    assert not _call(calls, "prompts") and not _call(calls, "refeature")
+    for drafter in ("gumiho", "eagle2"):
+        (run,) = _call(calls, "--drafter", drafter)
+        assert f"--data {cache}/campaign-train " in run and run.split("--out ")[1].split()[0].endswith("-c2048")
+
+
+def test_int4_features_of_batched_replies_are_recomputed(tmp_path):
+    calls = _campaign_calls(tmp_path, FEATURES="int4")
+    cache = tmp_path / "cache"
+    assert [c.split("--out ")[1].split()[0] for c in _call(calls, "refeature")] == \
+        [f"{cache}/campaign-train-int4", f"{cache}/campaign-heldout-int4"]
+    assert all(f"--data {cache}/campaign-train-int4 " in c for c in _call(calls, "--drafter"))
+
+
+def test_task_shaped_prompts_answered_by_the_engine_on_the_int4_path(tmp_path):
+    calls = _campaign_calls(tmp_path, TASKS="1", DISTILL="gumiho", FEATURES="int4", PER_TASK="50")
+    cache = tmp_path / "cache"
+    prompts = _call(calls, "prompts")
+    assert [c.split("--split ")[1].split()[0] for c in prompts] == ["train", "heldout"]
+    assert all("--per-task 50" in c for c in prompts)
+    (heldout,), (train,) = _call(calls, "prepare", "heldout"), _call(calls, "prepare", "train")
+    assert f"--data {cache}/task-prompts-heldout.jsonl" in heldout and f"{cache}/task-heldout-gumiho-int4" in heldout
+    assert f"--data {cache}/task-prompts-train.jsonl" in train and f"{cache}/task-train-gumiho-int4" in train
+    assert all("--engine gumiho --dtype int4" in c for c in (heldout, train))
+    assert "--turns 1" in train and "--skip 0" in train
+    assert not _call(calls, "refeature")  # the engine's path wrote the features already
+    for drafter in ("gumiho", "eagle2"):
+        (run,) = _call(calls, "--drafter", drafter)
+        assert f"--data {cache}/task-train-gumiho-int4 " in run
+        assert run.split("--out ")[1].split()[0].endswith("-c2048-tasks50-gumiho-int4")
+        assert all("--dtype int4" in c and f"--heldout {cache}/task-heldout-gumiho-int4" in c
+                   for c in _call(calls, "eval") if drafter in c.split("--out ")[1])

@@ -75,7 +75,8 @@ def check_engine_method(method: str, model: str | None) -> None:
 
 def engine_replier(target: Target, method: str, max_new_tokens: int) -> Replier:
     """Replies written by the engine's decoding loop with `method` (its shipped drafter where it has weights, the
-    automatic trees of the machine's profile), one prompt at a time, greedy: each equals the path's AR reply."""
+    automatic trees of the machine's profile), one prompt at a time, greedy: on the fp32 and int4 paths each equals
+    the path's AR reply token for token (in half precision, up to rounding: docs/design.md §15)."""
     from ..engine import Engine, GenerationConfig
     from ..loader import choose_trees, load_drafters
 
