@@ -21,6 +21,7 @@ def _exit_code(argv: list[str]) -> int:
     (["prepare", "--out", "x", "--split", "test"], "--split must be train or heldout"),
     (["prepare", "--out", "x", "--turns", "0"], "--turns must be at least 1"),
     (["prepare", "--out", "x", "--engine", "mjsd"], "choose one of ar, medusa"),
+    (["prepare", "--out", "x", "--engine", "lookup", "--no-distill"], "--engine writes the replies"),
     (["prepare", "--out", "x", "--engine", "hydra", "--model", "some/model"], "no trained hydra drafter ships"),
     (["ship", "--run", "no/such/run", "--dest", "x"], "not a finished training run"),
     (["refeature", "--data", "no/such/folder", "--out", "x"], "no/such/folder holds no feature shards"),

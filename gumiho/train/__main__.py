@@ -77,6 +77,8 @@ def prepare_main(argv: list[str]) -> int:
     if args.engine:
         from .distill import check_engine_method
 
+        if not args.distill:
+            raise GumihoError("--engine writes the replies: it needs self-distillation (drop --no-distill)")
         check_engine_method(args.engine, args.model)
     out = prepare(_config(PrepareConfig, args), _target(args))
     print(out)
