@@ -72,13 +72,15 @@ for round in $(seq 1 "$ROUNDS"); do
     name=campaign skip=$SKIP turns=$TURNS suffix=""
     prompts=(); heldout_prompts=()
     if [ "$TASKS" = 1 ]; then
-        name=task skip=0 turns=1 suffix="-tasks$PER_TASK"
+        # PER_TASK names the prompt files and the data: another PER_TASK is another seeded choice, never mixed
+        # into shards made from this one.
+        name="task$PER_TASK" skip=0 turns=1 suffix="-tasks$PER_TASK"
         for side in train heldout; do
-            [ -s "$CACHE/task-prompts-$side.jsonl" ] || $PY -m gumiho.train prompts --split "$side" \
-                --per-task "$PER_TASK" --out "$CACHE/task-prompts-$side.jsonl"
+            [ -s "$CACHE/$name-prompts-$side.jsonl" ] || $PY -m gumiho.train prompts --split "$side" \
+                --per-task "$PER_TASK" --out "$CACHE/$name-prompts-$side.jsonl"
         done
-        prompts=(--data "$CACHE/task-prompts-train.jsonl")
-        heldout_prompts=(--data "$CACHE/task-prompts-heldout.jsonl" --max-prompt-len "$MAX_PROMPT_LEN")
+        prompts=(--data "$CACHE/$name-prompts-train.jsonl")
+        heldout_prompts=(--data "$CACHE/$name-prompts-heldout.jsonl" --max-prompt-len "$MAX_PROMPT_LEN")
     fi
     data="$CACHE/$name-train" heldout="$CACHE/$name-heldout" writer=()
     if [ -n "$DISTILL" ]; then  # the FEATURES path writes the replies and their features at once

@@ -221,14 +221,23 @@ def test_task_shaped_prompts_answered_by_the_engine_on_the_int4_path(tmp_path):
     assert [c.split("--split ")[1].split()[0] for c in prompts] == ["train", "heldout"]
     assert all("--per-task 50" in c for c in prompts)
     (heldout,), (train,) = _call(calls, "prepare", "heldout"), _call(calls, "prepare", "train")
-    assert f"--data {cache}/task-prompts-heldout.jsonl" in heldout and f"{cache}/task-heldout-gumiho-int4" in heldout
-    assert f"--data {cache}/task-prompts-train.jsonl" in train and f"{cache}/task-train-gumiho-int4" in train
+    assert f"--data {cache}/task50-prompts-heldout.jsonl" in heldout and f"{cache}/task50-heldout-gumiho-int4" in heldout
+    assert f"--data {cache}/task50-prompts-train.jsonl" in train and f"{cache}/task50-train-gumiho-int4" in train
     assert all("--engine gumiho --dtype int4" in c for c in (heldout, train))
     assert "--turns 1" in train and "--skip 0" in train
     assert not _call(calls, "refeature")  # the engine's path wrote the features already
     for drafter in ("gumiho", "eagle2"):
         (run,) = _call(calls, "--drafter", drafter)
-        assert f"--data {cache}/task-train-gumiho-int4 " in run
+        assert f"--data {cache}/task50-train-gumiho-int4 " in run
         assert run.split("--out ")[1].split()[0].endswith("-c2048-tasks50-gumiho-int4")
-        assert all("--dtype int4" in c and f"--heldout {cache}/task-heldout-gumiho-int4" in c
+        assert all("--dtype int4" in c and f"--heldout {cache}/task50-heldout-gumiho-int4" in c
                    for c in _call(calls, "eval") if drafter in c.split("--out ")[1])
+
+
+def test_another_per_task_is_another_data_set(tmp_path):
+    (a,) = _call(_campaign_calls(tmp_path, TASKS="1", DISTILL="gumiho", PER_TASK="50"), "prepare", "train")
+    (tmp_path / "calls.txt").unlink()
+    second = _campaign_calls(tmp_path, TASKS="1", DISTILL="gumiho", PER_TASK="80")
+    (b,) = _call(second, "prepare", "train")
+    assert "task50-train-gumiho-float32" in a and "task80-train-gumiho-float32" in b
+    assert len(_call(second, "prompts")) == 2  # its own prompt files, not the first setting's
