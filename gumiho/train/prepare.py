@@ -75,10 +75,7 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
     eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in target.tokenizer.get_vocab() \
         else target.tokenizer.eos_token_id
     shards = [chosen[i: i + config.shard_size] for i in range(0, len(chosen), config.shard_size)]
-    replier = None
-    if config.distill:
-        replier = (engine_replier(target, config.engine, config.max_new_tokens) if config.engine
-                   else batched_replier(target, config.max_new_tokens, config.gen_batch))
+    replier = None  # made for the first shard to write: a resumed run with every shard written loads no drafter
     bar = tqdm(total=len(chosen), unit="conv", desc=f"prepare {config.split}", mininterval=10)
     tokens, started = 0, time.time()
     for index, group in enumerate(shards):
@@ -86,9 +83,12 @@ def prepare(config: PrepareConfig, target: Target) -> Path:
         if path.exists():
             bar.update(len(group))
             continue
+        if config.distill and replier is None:
+            replier = (engine_replier(target, config.engine, config.max_new_tokens) if config.engine
+                       else batched_replier(target, config.max_new_tokens, config.gen_batch))
         # The int4 path picks its own kernels' dtypes; autocast would only round its prompts' float products again.
         with autocast(target.device, "off" if target.int4 else config.autocast):
-            if replier is not None:
+            if config.distill:
                 rendered = regenerate(target, group, replier, config.max_prompt_len, config.turns)
             else:
                 rendered = [r for r in (render(c, target.tokenizer, config.max_len, eos) for c in group)

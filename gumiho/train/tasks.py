@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..prompts import read_prompt_file
-from .data import Conversation
+from .data import Conversation, prompt_key
 
 NGRAM = 8  # words in a run shared with a benchmark prompt that drops a prompt
 
@@ -96,7 +96,7 @@ def task_prompts(conversations: list[Conversation], per_task: int, banned: set[t
         if not _opens_chat(conversation.id):
             continue
         prompt = next((m["content"] for m in conversation.messages if m["role"] == "user"), "")
-        key = " ".join(prompt.split()).casefold()
+        key = prompt_key(conversation)
         task = task_of(prompt)
         if task in found and key not in seen and not overlapping(prompt, banned):
             seen.add(key)
