@@ -167,6 +167,29 @@ def test_the_row_operations_are_torchs_and_a_row_never_depends_on_the_others():
         assert torch.equal(ops.silu_mul(gate_up[row : row + 1])[0], ops.silu_mul(gate_up)[row])
 
 
+@pytest.mark.parametrize("rows, vocab, k, temperature", [(1, 16384, 1, 1.0), (3, 16384, 3, 1.0), (15, 8192, 8, 0.7),
+                                                         (2, 49152, 32, 1.3), (4, 37, 5, 1.0)])
+def test_top_logprobs_are_torchs_log_softmax_and_top_k(rows, vocab, k, temperature):
+    ops = kernels.row_ops()
+    g = torch.Generator().manual_seed(rows * vocab + k)
+    logits = 4 * torch.randn(rows, vocab, generator=g)
+    values, indices = ops.top_logprobs(logits, k, temperature)
+    expected = torch.topk(torch.log_softmax(logits / temperature, -1), k, -1)
+    assert torch.equal(indices, expected.indices)
+    torch.testing.assert_close(values, expected.values, rtol=0, atol=1e-5)
+
+
+def test_top_logprobs_break_ties_by_index_and_score_a_row_with_a_nan_or_an_inf_minus_infinity():
+    ops = kernels.row_ops()
+    values, indices = ops.top_logprobs(torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]]), 4, 1.0)
+    assert indices.tolist() == [[1, 2, 4, 3]] and values[0, 0] == values[0, 2] > values[0, 3]
+    broken = torch.randn(3, 64)
+    broken[1, 10], broken[2, 20] = float("nan"), float("inf")
+    values, indices = ops.top_logprobs(broken, 3, 1.0)
+    assert torch.isfinite(values[0]).all() and (values[1:] == -torch.inf).all()
+    assert indices[1].tolist() == [0, 1, 2]
+
+
 def test_the_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("GUMIHO_KERNELS", "0")
     for build in BUILDS:

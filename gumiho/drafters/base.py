@@ -24,6 +24,7 @@ from torch import nn
 from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
 from ..int4 import Int4Matrix
+from ..kernels import row_ops
 from ..llama import DecoderStack, StaticCache
 from ..packed import PackedMatrix
 from ..sampling import SamplingConfig
@@ -33,6 +34,10 @@ from ..tree import DraftPool, DraftTree, TreeSettings
 from ..verify import Acceptance as Verdict, LazyLogits, verify
 from .config import DrafterConfig
 from .layers import DraftTransformer, KVCache, lean_stack
+
+
+FUSED_TOP_K = 32  # the widest top-k taken in one pass (kernels/rows.cpp keeps it by insertion); MJSD's wider ones
+# (its sampling filters' top-k, up to the whole vocabulary) take torch's
 
 
 class Drafter(nn.Module):
@@ -92,8 +97,15 @@ class Drafter(nn.Module):
         """Top-k draft log-probs (at `temperature`) and their token ids (in the target's vocabulary) for each row of
         `hidden`; k is capped at the draft vocabulary's size. A row whose fp16 activations overflowed (NaN) scores
         -inf: its drafts rank last and the tree stays closed under parent-of (a NaN would sort above its parent)."""
-        logp = torch.log_softmax(self.head_logits(hidden).float() / temperature, -1).nan_to_num(nan=-torch.inf)
-        values, idx = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)  # fewer when the vocabulary is smaller
+        logits = self.head_logits(hidden).float()
+        k = min(k, logits.shape[-1])  # fewer when the vocabulary is smaller
+        fused = row_ops() if logits.device.type == "cpu" and k <= FUSED_TOP_K and not logits.requires_grad else None
+        if fused is not None:  # one call instead of four passes over the vocabulary (kernels/rows.cpp)
+            values, idx = fused.top_logprobs(logits.reshape(-1, logits.shape[-1]), k, temperature)
+            values, idx = values.view(*logits.shape[:-1], k), idx.view(*logits.shape[:-1], k)
+        else:
+            logp = torch.log_softmax(logits / temperature, -1).nan_to_num(nan=-torch.inf)
+            values, idx = torch.topk(logp, k, dim=-1)
         if self.draft_vocab is not None:
             idx = self.draft_vocab[idx]
         return values, idx

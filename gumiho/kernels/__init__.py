@@ -136,5 +136,6 @@ def q4_matmul() -> ModuleType | None:
 
 @lru_cache(maxsize=None)
 def row_ops() -> ModuleType | None:
-    """The compiled per-row operations (its `rms_norm`, `add_rms_norm` and `silu_mul`), or None."""
+    """The compiled per-row operations (its `rms_norm`, `add_rms_norm`, `silu_mul`, and `top_logprobs` for draft
+    heads), or None."""
     return _build("rows")

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 
 #include "simd.h"
@@ -114,8 +115,69 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     return out;
 }
 
+// logits [R, V] fp32: per row the k largest entries of log_softmax(logits / temperature) and their indices,
+// largest first (equal values: the lower index first); a row holding a NaN scores -inf throughout (indices 0..k-1).
+// One pass for the maximum and the selection, one for the sum of exponentials: torch takes a division, a
+// log-softmax, a NaN filter and a top-k, each a pass of its own over a draft vocabulary (about 0.1 ms a draft step).
+std::tuple<torch::Tensor, torch::Tensor> top_logprobs(torch::Tensor logits, int64_t k, double temperature) {
+    TORCH_CHECK(logits.scalar_type() == torch::kFloat && logits.dim() == 2, "top_logprobs: fp32 [rows, vocab]");
+    TORCH_CHECK(k >= 1 && k <= logits.size(1) && temperature > 0, "top_logprobs: need 1 <= k <= vocab, temperature > 0");
+    logits = logits.contiguous();
+    const int64_t rows = logits.size(0), V = logits.size(1);
+    auto values = torch::empty({rows, k}, logits.options());
+    auto indices = torch::empty({rows, k}, logits.options().dtype(torch::kLong));
+    const float t = static_cast<float>(temperature);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* x = logits.data_ptr<float>() + r * V;
+        float* val = values.data_ptr<float>() + r * k;
+        int64_t* idx = indices.data_ptr<int64_t>() + r * k;
+        int64_t held = 0;  // val/idx hold the best `held` so far, in order
+        bool nan = false;
+        for (int64_t i = 0; i < V; ++i) {
+            const float v = x[i];
+            if (v != v) {
+                nan = true;
+                break;
+            }
+            if (held == k && !(v > val[k - 1])) continue;
+            int64_t at = held < k ? held++ : k - 1;
+            while (at > 0 && v > val[at - 1]) {
+                val[at] = val[at - 1];
+                idx[at] = idx[at - 1];
+                --at;
+            }
+            val[at] = v;
+            idx[at] = i;
+        }
+        if (nan) {
+            for (int64_t j = 0; j < k; ++j) val[j] = -std::numeric_limits<float>::infinity(), idx[j] = j;
+            continue;
+        }
+        const float top = val[0] / t;  // division by t > 0 keeps the order: the largest of x / t
+        float total = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256 vt = _mm256_set1_ps(t), vtop = _mm256_set1_ps(top);
+        __m256 s = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= V; i += 8)
+            s = _mm256_add_ps(s, exp8(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vt), vtop)));
+        total = hsum8(s);
+        for (; i < V; ++i) total += std::exp(x[i] / t - top);
+#else
+        for (int64_t i = 0; i < V; ++i) total += std::exp(x[i] / t - top);
+#endif
+        const float log_total = std::log(total);
+        for (int64_t j = 0; j < k; ++j) {  // an infinite logit makes NaNs here, as in torch: -inf, as for a NaN
+            const float v = (val[j] / t - top) - log_total;
+            val[j] = v == v ? v : -std::numeric_limits<float>::infinity();
+        }
+    }
+    return {values, indices};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("rms_norm", &rms_norm, "RMS norm of every row (fp32, CPU)");
     m.def("add_rms_norm", &add_rms_norm, "(x + delta, rms_norm(x + delta)) (fp32, CPU)");
     m.def("silu_mul", &silu_mul, "silu(gate) * up from a fused gate-up product (fp32, CPU)");
+    m.def("top_logprobs", &top_logprobs, "Top-k log-softmax entries of every row (fp32, CPU)");
 }
