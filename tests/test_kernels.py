@@ -216,3 +216,22 @@ def test_a_lock_left_by_a_build_that_died_stops_no_later_process(kernel, tmp_pat
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "unavailable" not in done.stderr and (copy / f"{module}.so").is_file()
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (3, 32), (2, 3, 32)], ids=["one row", "rows", "heads x rows"])
+def test_a_drafters_top_tokens_are_the_same_through_the_kernel_and_through_torch(monkeypatch, shape):
+    from gumiho.drafters import base, new_drafter
+
+    from .conftest import tiny_target
+
+    target = tiny_target(vocab=64)
+    drafter = new_drafter("gumiho", target.model.config, seed=0, draft_vocab_size=40)
+    drafter.draft_vocab.copy_(torch.randperm(64, generator=torch.Generator().manual_seed(1))[:40])
+    drafter = target.prepare_drafter(drafter)
+    hidden = torch.randn(*shape, generator=torch.Generator().manual_seed(2)).to(target.device, target.dtype)
+    fused = drafter.top_tokens(hidden, 5, 0.7)
+    monkeypatch.setattr(base, "FUSED_TOP_K", 0)
+    plain = drafter.top_tokens(hidden, 5, 0.7)
+    assert fused[0].shape == plain[0].shape == (*shape[:-1], 5)
+    assert torch.equal(fused[1], plain[1]) and set(fused[1].flatten().tolist()) <= set(drafter.draft_vocab.tolist())
+    torch.testing.assert_close(fused[0], plain[0], rtol=0, atol=1e-5)
