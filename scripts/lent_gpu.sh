@@ -71,8 +71,16 @@ start() {
     # CONVERSATIONS: every conversation `pack` chose (the held-out lines count too, but the train split has fewer).
     INIT=assets/drafters SHAREGPT=cache/sharegpt-subset.jsonl CONVERSATIONS=$(wc -l < cache/sharegpt-subset.jsonl) \
         TURNS=3 MAX_PROMPT_LEN=1024 \
-        SHARD=512 LR=2e-4 WARMUP=50 BATCH_TOKENS=16384 UNROLL_EAGLE2=2 GEN_S=${GEN_S:-250} END="$(cat /tmp/end)" \
+        SHARD=512 LR=2e-4 WARMUP=50 BATCH_TOKENS=16384 UNROLL_EAGLE2=${UNROLL_EAGLE2:-3} \
+        EAGLE2_SHARE=${EAGLE2_SHARE:-1.0} GEN_S=${GEN_S:-250} END="$(cat /tmp/end)" \
         RESERVE_S=90 PY=$PY setsid nohup bash scripts/train_drafters.sh > /tmp/round.log 2>&1 < /dev/null &
+    # The fp16 exactness tests on CUDA, beside self-distillation (4 processes on the spare cores) and stopped before
+    # training starts: TESTS_S=0 skips them.
+    local tests_s=${TESTS_S:-$(( ${GEN_S:-250} - 20 ))}
+    # `kill 0` at the end takes any xdist worker left behind with it (setsid gave them a group of their own).
+    [ "$tests_s" -gt 0 ] && GUMIHO_TEST_DEVICE=cuda GUMIHO_TEST_DTYPE=float16 setsid nohup bash -c \
+        "timeout $tests_s $PY -m pytest tests/test_exactness.py -n 4 -v -p no:cacheprovider; kill -9 0" \
+        > /tmp/cuda-tests.log 2>&1 < /dev/null &
     echo "round started; it ends within $seconds s"
 }
 
@@ -92,6 +100,7 @@ finish() {
     while pgrep -f train_drafters.sh > /dev/null && [ "$(date +%s)" -lt $(( end + 15 )) ]; do sleep 5; done
     pkill -f train_drafters.sh || true
     cp /tmp/round.log runs/
+    [ ! -f /tmp/cuda-tests.log ] || { cp /tmp/cuda-tests.log runs/ && cp /tmp/cuda-tests.log "$OUT/"; }
     tar -cf /tmp/back.tar --exclude=checkpoint.pt --exclude='runs/*/drafter' runs cache/train/*/manifest.json
     split -b 15m /tmp/back.tar "$OUT/back.tar."
     cp /tmp/round.log "$OUT/"

@@ -92,27 +92,33 @@ fi
 # 2. Both drafters on the same data (self-distilled replies counted twice) and the same steps, one after the other:
 #    Gumiho fixes its length from the speed of its first steps, and a second run started beside it would slow it
 #    2-3x after that (an H200, 2026-11: 480k tokens/s alone, 170k with EAGLE-2 beside it), so it would overrun.
+#    Each drafter is evaluated and shipped as soon as it is trained: a round that runs out of time keeps Gumiho.
 DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
        --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
-if [ -n "$END" ]; then
-    MINUTES=$($PY -c "import sys; e, n, r, s = map(float, sys.argv[1:]); print(max(0.5, (e-n-r)/60/(1+s)/1.1))" \
-        "$END" "$(date +%s)" "$RESERVE_S" "$EAGLE2_SHARE")
-    echo "training Gumiho for $MINUTES minutes, then EAGLE-2 for the same steps"
-fi
-$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --probe-steps "$PROBE_STEPS" \
-    --unroll "$UNROLL_GUMIHO" $(init gumiho) "${train[@]}"
-steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$RUNS/gumiho/length.json")
-$PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" --unroll "$UNROLL_EAGLE2" $(init eagle2) \
-    "${train[@]}"
-
-# 3. Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage (of the initial drafters too), then the
-#    fp16 folders.
-for kind in eagle2 gumiho; do
+# Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage (of the initial drafter too), then the fp16
+# folder.
+evaluate_and_ship() {
+    local kind=$1
     [ -z "$INIT" ] || $PY -m gumiho.train eval --drafter-dir "$INIT/smollm2-135m-$kind" \
         --heldout "$CACHE/distill-heldout" --out "$RUNS/$kind/eval-heldout-before.json" "${common[@]}"
     $PY -m gumiho.train eval --drafter-dir "$RUNS/$kind/drafter" --heldout "$CACHE/distill-heldout" \
         --out "$RUNS/$kind/eval-heldout.json" "${common[@]}"
     $PY -m gumiho.train ship --run "$RUNS/$kind" --dest "$DEST/smollm2-135m-$kind" --eval "$RUNS/$kind/eval-heldout.json"
-done
+}
+deadline=()
+if [ -n "$END" ]; then
+    MINUTES=$($PY -c "import sys; e, n, r, s = map(float, sys.argv[1:]); print(max(0.5, (e-n-r)/60/(1+s)/1.1))" \
+        "$END" "$(date +%s)" "$RESERVE_S" "$EAGLE2_SHARE")
+    # Whatever the estimates, training stops where half the reserve is left for the evaluation and the folder.
+    deadline=(--deadline $(( END - RESERVE_S / 2 )))
+    echo "training Gumiho for $MINUTES minutes, then EAGLE-2 for the same steps"
+fi
+$PY -m gumiho.train --drafter gumiho --out "$RUNS/gumiho" --minutes "$MINUTES" --probe-steps "$PROBE_STEPS" \
+    --unroll "$UNROLL_GUMIHO" $(init gumiho) "${train[@]}" "${deadline[@]}"
+evaluate_and_ship gumiho
+steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$RUNS/gumiho/length.json")
+$PY -m gumiho.train --drafter eagle2 --out "$RUNS/eagle2" --max-steps "$steps" --unroll "$UNROLL_EAGLE2" $(init eagle2) \
+    "${train[@]}" "${deadline[@]}"
+evaluate_and_ship eagle2

@@ -17,6 +17,7 @@ from gumiho.train.evaluate import chain_accuracy, chain_predictions, vocab_cover
 from gumiho.train.features import load_sequences, target_features, write_shard
 from gumiho.train.ship import ship
 from gumiho.train.objective import LossWeights, batch_losses
+from gumiho.train import trainer
 from gumiho.train.trainer import PROBE_SKIP, TrainConfig, build_drafter, fit_to_budget, lr_lambda, train
 from tests.conftest import random_drafter, tiny_target
 
@@ -107,15 +108,53 @@ def test_max_steps_caps_the_run_and_the_schedule_ends_at_it(corpus, tmp_path):
     assert [round(factor(s), 3) for s in range(8)] == [0.5, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0]
 
 
-def test_fit_to_budget_uses_the_speed_after_the_first_steps():
+def test_fit_to_budget_spends_what_is_left_at_the_given_speed():
     config = TrainConfig(drafter="eagle2", data="d", out="o", epochs=100, minutes=1.0)
-    # 20 steps in 12 s, of which the first PROBE_SKIP took 9 s: 0.2 s a step, 48 s left -> 240 more steps.
-    assert fit_to_budget(config, 20, 12.0, batches_per_epoch=50, probe_from=9.0) == 20 + 240
-    assert fit_to_budget(config, 20, 12.0, batches_per_epoch=50) == 20 + int(48 / 0.6)  # no probe start: all 20
-    assert fit_to_budget(config, 20, 70.0, batches_per_epoch=50) == 20  # over budget already: stop now
+    assert fit_to_budget(config, 20, 12.0, per_step=0.2, batches_per_epoch=50) == 20 + 240  # 48 s left
+    assert fit_to_budget(config, 20, 70.0, per_step=0.2, batches_per_epoch=50) == 20  # over budget already: stop now
     small = TrainConfig(drafter="eagle2", data="d", out="o", epochs=2, minutes=60.0)
-    assert fit_to_budget(small, 20, 12.0, batches_per_epoch=50, probe_from=9.0) == 100  # never past the epochs
-    assert PROBE_SKIP < 20
+    assert fit_to_budget(small, 20, 12.0, per_step=0.2, batches_per_epoch=50) == 100  # never past the epochs
+    assert PROBE_SKIP < 8
+
+
+class SteppedClock:
+    """Stands in for the trainer's clock, which it reads once at the start and once after every step: each step
+    takes `first` seconds for the first `until` steps, then `later`."""
+
+    def __init__(self, first: float, until: int, later: float):
+        self.first, self.until, self.later, self.reads, self.now = first, until, later, 0, 1000.0
+
+    def time(self) -> float:
+        if self.reads:
+            self.now += self.first if self.reads <= self.until else self.later
+        self.reads += 1
+        return self.now
+
+
+def test_a_budgeted_run_that_slows_after_its_probe_still_ends_within_its_minutes(corpus, tmp_path, monkeypatch):
+    """Timed at 1 s a step, 30 s fit 30 steps; from step 21 on a step takes 3 s (as when Gumiho's MLP losses start),
+    so a length fixed once would end at 50 s. Refitted at every log line, the run ends inside its 30 s."""
+    target, data = corpus
+    monkeypatch.setattr(trainer, "time", SteppedClock(first=1.0, until=20, later=3.0))
+    run = train(_config("eagle2", data, tmp_path / "run", epochs=500, minutes=0.5, probe_steps=8, log_every=2,
+                        checkpoint_every=1000), target)
+    summary = json.loads((run / "train.json").read_text())
+    assert 20 < summary["steps"] < 30 and summary["wall_time_s"] <= 30
+    assert json.loads((run / "length.json").read_text())["steps"] == summary["steps"]
+
+
+def test_a_deadline_stops_the_run_with_its_drafter_saved_and_a_later_run_resumes(corpus, tmp_path, monkeypatch):
+    target, data = corpus
+    clock = SteppedClock(first=1.0, until=10**6, later=1.0)
+    monkeypatch.setattr(trainer, "time", clock)
+    # 1 s a step from t = 1000: steps 1..11 start before the deadline at 1010.5, step 12 would start after it.
+    first = train(_config("eagle2", data, tmp_path / "run", epochs=500, max_steps=14, deadline=1010.5), target)
+    summary = json.loads((first / "train.json").read_text())
+    assert summary["steps"] == 11 and (first / "drafter" / "model.safetensors").exists()
+    assert json.loads((first / "length.json").read_text())["steps"] == 11
+    # The same run without a deadline (an option that says only when to stop) resumes instead of refusing.
+    again = train(_config("eagle2", data, tmp_path / "run", epochs=500, max_steps=14), target)
+    assert json.loads((again / "train.json").read_text())["steps"] == 14
 
 
 def test_a_time_budget_fixes_the_length_and_a_matched_run_copies_it(corpus, tmp_path):

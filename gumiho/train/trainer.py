@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,8 +58,14 @@ class TrainConfig:
     log_every: int = option("steps between log lines", 10)
     max_steps: int = option("stop after this many steps; 0: epochs x batches per epoch", 0)
     minutes: float = option("> 0: time the first --probe-steps, then fix the run's length to fit this many "
-                            "minutes", 0.0)
+                            "minutes (refitted at every log line, at the speed since the last one)", 0.0)
     probe_steps: int = option("steps timed for --minutes", 20)
+    deadline: float = option("> 0: a time in epoch seconds (date +%%s) where the run stops, whatever its length, "
+                             "and saves its drafter (a lent machine's end)", 0.0)
+
+
+# Options that say only when a run stops: a resumed run may change them.
+STOPPING_OPTIONS = ("deadline",)
 
 def load_training_data(config: TrainConfig) -> list[Sequence]:
     sequences = [s for folder in config.data.split(",") if folder for s in load_sequences(folder)]
@@ -136,16 +143,19 @@ def lr_lambda(warmup: int, total: int):
     return factor
 
 
+def _without(options: dict, names: tuple[str, ...]) -> dict:
+    return {k: v for k, v in options.items() if k not in names}
+
+
 def planned_steps(config: TrainConfig, batches_per_epoch: int) -> int:
     full = config.epochs * batches_per_epoch
     return min(full, config.max_steps) if config.max_steps else full
 
 
-def fit_to_budget(config: TrainConfig, steps_so_far: int, seconds: float, batches_per_epoch: int,
-                  probe_from: float = 0.0) -> int:
-    """Total steps that fit `config.minutes` at the speed measured since `probe_from` seconds (step PROBE_SKIP);
-    never more than the planned run, never fewer than the steps already taken."""
-    per_step = (seconds - probe_from) / max(steps_so_far - (PROBE_SKIP if probe_from else 0), 1)
+def fit_to_budget(config: TrainConfig, steps_so_far: int, seconds: float, per_step: float,
+                  batches_per_epoch: int) -> int:
+    """Total steps that fit `config.minutes` when each further step takes `per_step` seconds; never more than the
+    planned run, never fewer than the steps already taken."""
     affordable = steps_so_far + int((config.minutes * 60 - seconds) / max(per_step, 1e-9))
     return max(steps_so_far, min(planned_steps(config, batches_per_epoch), affordable))
 
@@ -182,6 +192,7 @@ class TrainState:
     step: int = 0
     tokens: int = 0
     elapsed: float = 0.0  # seconds of training, over every resumed attempt
+    window_from: float = 0.0  # `elapsed` at the last log line
     history: list[dict] = field(default_factory=list)  # one mean of the loss parts per log line
     window: list[dict] = field(default_factory=list)  # the loss parts of each step since the last log line
 
@@ -197,6 +208,7 @@ class TrainState:
         progress = saved["state"]
         self.epoch, self.batch, self.step = progress["epoch"], progress["batch"], progress["step"]
         self.tokens, self.elapsed, self.history = progress["tokens"], progress["elapsed"], progress["history"]
+        self.window_from = self.elapsed
         # In place: the schedule reads the run length from this object at every step.
         self.length.steps, self.length.fixed = progress["length"]["steps"], progress["length"]["fixed"]
         self.length.probe_from = progress["length"].get("probe_from")
@@ -224,11 +236,23 @@ def new_state(config: TrainConfig, drafter: Drafter, batches_per_epoch: int) -> 
 
 def fix_length(config: TrainConfig, state: TrainState, batches_per_epoch: int) -> None:
     """A run with a time budget, its first steps timed: as many steps as fit `config.minutes`."""
-    state.length.steps = fit_to_budget(config, state.step, state.elapsed, batches_per_epoch,
-                                       state.length.probe_from or 0.0)
+    probe_from = state.length.probe_from or 0.0
+    per_step = (state.elapsed - probe_from) / max(state.step - (PROBE_SKIP if probe_from else 0), 1)
+    state.length.steps = fit_to_budget(config, state.step, state.elapsed, per_step, batches_per_epoch)
     state.length.fixed = True
     log.info("run length fixed at %d steps (%.2f epochs) to fit %.1f min", state.length.steps,
              state.length.steps / batches_per_epoch, config.minutes)
+
+
+def refit_length(config: TrainConfig, state: TrainState, batches_per_epoch: int, window_steps: int) -> None:
+    """Refit a budgeted run's length at the speed of its last `window_steps` steps. Later steps can be slower than
+    the probed ones (Gumiho's MLP losses start at --mlp-ce-epoch: an H100 went from 400k to 300k tokens/s), and a
+    run fitted once then overran its minutes by 70%."""
+    per_step = (state.elapsed - state.window_from) / max(window_steps, 1)
+    steps = fit_to_budget(config, state.step, state.elapsed, per_step, batches_per_epoch)
+    if steps != state.length.steps:
+        log.info("run length refitted: %d steps", steps)
+        state.length.steps = steps
 
 
 def save_checkpoint(path: Path, config: TrainConfig, state: TrainState) -> None:
@@ -271,7 +295,7 @@ def write_length(out: Path, length: RunLength, batches_per_epoch: int) -> None:
 def log_progress(config: TrainConfig, state: TrainState) -> None:
     """Append the mean loss parts since the last log line to the history, and log them."""
     mean = mean_parts(state.window)
-    state.window = []
+    state.window, state.window_from = [], state.elapsed
     state.history.append({"step": state.step, "epoch": state.epoch, **mean})
     rate = state.tokens / max(state.elapsed, 1e-9)
     eta = (state.length.steps - state.step) * state.elapsed / state.step
@@ -303,7 +327,7 @@ def train(config: TrainConfig, target: Target) -> Path:
     checkpoint = out / "checkpoint.pt"
     saved = load_checkpoint(checkpoint, dev)
     if saved is not None:
-        if saved["config"] != asdict(config):
+        if _without(saved["config"], STOPPING_OPTIONS) != _without(asdict(config), STOPPING_OPTIONS):
             raise GumihoError(f"{checkpoint} was written with other settings; use a new --out or the same options")
         state.resume(saved)
         log.info("resumed at epoch %d, batch %d (step %d)", state.epoch, state.batch, state.step)
@@ -319,10 +343,12 @@ def train(config: TrainConfig, target: Target) -> Path:
                           head_ce=config.head_ce_weight)
     generator = torch.Generator(device=dev)
     started = time.time() - state.elapsed
-    while state.epoch < config.epochs and state.step < state.length.steps:
+    state.window_from = state.elapsed
+    stop_at = config.deadline - started if config.deadline > 0 else math.inf  # in `elapsed` seconds
+    while state.epoch < config.epochs and state.step < state.length.steps and state.elapsed < stop_at:
         order = epoch_order(groups, config.seed, state.epoch)
         mlp_ce_on = state.epoch >= config.mlp_ce_epoch
-        while state.batch < len(order) and state.step < state.length.steps:
+        while state.batch < len(order) and state.step < state.length.steps and state.elapsed < stop_at:
             batch = collate([sequences[i] for i in order[state.batch]], dev)
             generator.manual_seed(config.seed * 1_000_003 + state.step)
             with autocast(dev, config.autocast):
@@ -340,6 +366,9 @@ def train(config: TrainConfig, target: Target) -> Path:
                 fix_length(config, state, len(groups))
                 write_length(out, state.length, len(groups))
             if state.step % config.log_every == 0 or state.step == state.length.steps:
+                if config.minutes > 0 and state.length.fixed and state.step - len(state.window) >= PROBE_SKIP:
+                    refit_length(config, state, len(groups), len(state.window))
+                    write_length(out, state.length, len(groups))
                 log_progress(config, state)
             if state.step % config.checkpoint_every == 0:
                 save_checkpoint(checkpoint, config, state)
@@ -348,7 +377,9 @@ def train(config: TrainConfig, target: Target) -> Path:
             state.batch = 0
         save_checkpoint(checkpoint, config, state)
 
-    state.length.steps = state.step  # a budgeted run that ended before its probe was done
+    if state.elapsed >= stop_at:
+        log.info("stopped at the deadline after %d of %d steps", state.step, state.length.steps)
+    state.length.steps = state.step  # a run stopped by its deadline, or a budgeted one that ended before its probe
     write_length(out, state.length, len(groups))
     drafter.save_pretrained(out / "drafter")
     summary = {
