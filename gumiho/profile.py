@@ -280,6 +280,12 @@ def profile_key(target: Target) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def prefill_path(target: Target) -> Path:
+    """Where the int4 path's prefill choice (`llama.LeanLlama._prefill_choice`) is kept: per machine and model, beside
+    the profiles, renewed with them (VERSION), so that every process on a machine prefills a prompt alike."""
+    return cache_root() / "profiles" / f"prefill-v{VERSION}-{profile_key(target)}.json"
+
+
 def profile_path(target: Target) -> Path:
     slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in target.name)[-80:]
     return cache_root() / "profiles" / f"{slug}.json"

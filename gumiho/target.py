@@ -184,8 +184,10 @@ class Target:
             if self.forward != "lean" or self.device.type != "cpu" or not int4_available():
                 raise GumihoError("int4 weights need the lean forward of a Llama-family model, on a CPU with a "
                                   "4-bit kernel (a C++ compiler to build ours, or a torch with its own)")
+            from .profile import prefill_path  # (profile.py imports this module)
+
             blocks = default_q4_1_blocks(self.model.config) if self.name == DEFAULT_MODEL else {}
-            self._lean = LeanLlama(self.model, int4=blocks)
+            self._lean = LeanLlama(self.model, int4=blocks, prefill_file=prefill_path(self))
             kernel = q8_matmul()
             self._head = Q8Matrix(self.head_weight, kernel) if kernel else CastMatrix(self.head_weight, torch.float16)
             return

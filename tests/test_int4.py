@@ -3,6 +3,8 @@ computed alike whatever their number, and greedy speculation that equals this pa
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
 from gumiho.llama import PREFILL_ROWS, LeanLlama
-from gumiho.profile import ExecPath, candidate_paths, target_for
+from gumiho.profile import ExecPath, candidate_paths, prefill_path, target_for
 from gumiho.tree import TreeSettings
 
 from .conftest import random_drafter, tiny_target
@@ -98,7 +100,7 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
     """Where the machine measures float products faster for many rows, the prompt takes them: its features are
     those of the model's float weights (close to, not equal to, the 4-bit ones; in bf16, to bf16 rounding), and
     since AR and speculation share the prefill, greedy speculation still equals this path's AR."""
-    monkeypatch.setattr(LeanLlama, "_fastest_prefill", lambda self, first: (dtype, PREFILL_ROWS[0]))
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0]))
     engine = tiny_int4_engine(3)
     target = engine.target
     assert target.lean.prefill_layers is not None and target.lean.prefill_dtype == dtype
@@ -131,8 +133,30 @@ def test_a_prompt_takes_the_float_weights_from_where_they_beat_4_bits():
     assert prefill_choice({None: (50.0, 200.0), fp32: (60.0, 210.0), bf16: (70.0, 250.0)}) == (None, 0)
 
 
+def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(monkeypatch, tmp_path):
+    """The choice changes a long prompt's numerics and so its greedy text: every process on a machine must make the
+    same one. The first load measures and writes it; the next ones read it; a damaged file is measured again."""
+    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    measured = []
+
+    def fastest(self, first):
+        measured.append(first)
+        return torch.bfloat16, 90
+
+    monkeypatch.setattr(LeanLlama, "_fastest_prefill", fastest)
+    lean = tiny_int4_engine(0).target.lean
+    assert (lean.prefill_dtype, lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
+    target = tiny_int4_engine(0).target  # a later load of the same model on the same machine
+    assert (target.lean.prefill_dtype, target.lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
+    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90}
+    prefill_path(target).write_text("{damaged")
+    lean = tiny_int4_engine(0).target.lean
+    assert (lean.prefill_dtype, len(measured)) == (torch.bfloat16, 2)
+    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90}
+
+
 def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
-    monkeypatch.setattr(LeanLlama, "_fastest_prefill", lambda self, first: (None, 0))
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0))
     assert tiny_int4_engine(0).target.lean.prefill_layers is None
 
 
