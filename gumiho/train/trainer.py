@@ -67,6 +67,7 @@ class TrainConfig:
 # Options that say only when a run stops: a resumed run may change them.
 STOPPING_OPTIONS = ("deadline",)
 
+
 def load_training_data(config: TrainConfig) -> list[Sequence]:
     sequences = [s for folder in config.data.split(",") if folder for s in load_sequences(folder)]
     if config.max_sequences:
