@@ -13,7 +13,7 @@ from gumiho.drafters.layers import KVCache
 from gumiho.errors import GumihoError
 from gumiho.train.batches import collate
 from gumiho.train.data import Rendered
-from gumiho.train.evaluate import chain_accuracy, chain_predictions, vocab_coverage
+from gumiho.train.evaluate import chain_accuracy, chain_predictions, tau_on_prompts, vocab_coverage
 from gumiho.train.features import load_sequences, target_features, write_shard
 from gumiho.train.ship import ship
 from gumiho.train.objective import LossWeights, batch_losses
@@ -198,6 +198,19 @@ def test_chain_predictions_match_step_by_step_drafting(corpus, kind):
     assert vocab_coverage(drafter, target, [seq]) == 1.0  # no draft vocabulary: everything can be proposed
     accuracy = chain_accuracy(drafter, target, [seq], depth=3)
     assert all(a >= b for a, b in zip(accuracy, accuracy[1:]))  # a chain can only get shorter
+
+
+def test_tau_on_prompts_skips_a_prompt_longer_than_the_context_and_counts_it(tmp_path):
+    target = tiny_target(vocab=16)  # a context of 512 tokens
+    drafter = random_drafter("eagle2", target, scale=0.2)
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [" ".join(f"w{i % 16}" for i in range(n)) for n in (12, 600, 30, 500)]  # 500 + 16 new: no room
+    prompts.write_text("".join(json.dumps({"prompt": line}) + "\n" for line in lines))
+    result = tau_on_prompts(drafter, target, str(prompts), max_new_tokens=16)
+    assert result["prompts"] == 2 and result["skipped"] == 2 and result["tau_mean"] >= 1.0
+    prompts.write_text(json.dumps({"prompt": lines[1]}) + "\n")
+    with pytest.raises(GumihoError, match="no prompt leaves room"):
+        tau_on_prompts(drafter, target, str(prompts), max_new_tokens=16)
 
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])

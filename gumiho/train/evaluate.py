@@ -17,6 +17,7 @@ import torch
 
 from ..drafters import Drafter, GumihoDrafter, HeadDrafter
 from ..drafters.layers import KVCache
+from ..errors import GumihoError
 from ..target import Target
 from .features import Sequence
 
@@ -114,7 +115,9 @@ def vocab_coverage(drafter: Drafter, target: Target, sequences: list[Sequence]) 
 
 
 def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, max_new_tokens: int = 128) -> dict:
-    """Mean tau (tokens per cycle) over prompts at T = 0 with the method's default tree."""
+    """Mean tau (tokens per cycle) over prompts at T = 0 with the method's default tree. A prompt that leaves no
+    room for `max_new_tokens` in the model's context is skipped and counted (a file of held-out conversations can
+    hold a document longer than the context)."""
     from ..engine import Engine, GenerationConfig
     from ..prompts import read_prompts
 
@@ -123,10 +126,15 @@ def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, 
     engine = Engine(target)
     engine.add_drafter(drafter.kind, drafter)
     config = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)
-    taus, tokens, cycles = [], 0, 0
+    taus, tokens, cycles, skipped = [], 0, 0, 0
     for prompt in prompts:
+        if len(target.encode_prompt(prompt)) + max_new_tokens > target.max_context:
+            skipped += 1
+            continue
         trace = engine.generate(prompt, drafter.kind, config)
         taus.append(trace.tau)
         tokens, cycles = tokens + trace.new_tokens - 1, cycles + trace.cycles  # the prefill token is no cycle's
-    return {"prompts": len(prompts), "tau_mean": round(sum(taus) / len(taus), 3),
+    if not taus:
+        raise GumihoError(f"{path}: no prompt leaves room for {max_new_tokens} new tokens in the model's context")
+    return {"prompts": len(taus), "skipped": skipped, "tau_mean": round(sum(taus) / len(taus), 3),
             "tau_pooled": round(tokens / max(cycles, 1), 3)}
