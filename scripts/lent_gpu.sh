@@ -12,6 +12,8 @@
 #   here: bash scripts/lent_gpu.sh unpack /work/.device/N   # every drafter back; results -> runs/lent-gpu/
 #
 # Issue the device commands back to back: a warm machine goes back after 30 s idle, and everything on it with it.
+# One command runs at most 10 minutes: for a longer round, a `sleep` command comes before `finish`. `start` also
+# runs the fp16 exactness tests on CUDA beside self-distillation (TESTS_S=0: not); `finish` brings their log back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
