@@ -93,7 +93,11 @@ fi
 #    Gumiho fixes its length from the speed of its first steps, and a second run started beside it would slow it
 #    2-3x after that (an H200, 2026-11: 480k tokens/s alone, 170k with EAGLE-2 beside it), so it would overrun.
 #    Each drafter is evaluated and shipped as soon as it is trained: a round that runs out of time keeps Gumiho.
-DATA=$CACHE/distill-train,$CACHE/distill-train,$CACHE/sharegpt-train
+# With GEN_S, a set may hold no finished shard yet (a slow machine): training takes the sets that do.
+DATA=$(for set in distill-train distill-train sharegpt-train; do
+    if compgen -G "$CACHE/$set/shard-*.safetensors" > /dev/null; then echo "$CACHE/$set"; fi
+done | paste -sd, -)
+[ -n "$DATA" ] || { echo "no feature shard was finished in time: nothing to train on" >&2; exit 2; }
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
        --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
