@@ -128,10 +128,11 @@ def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, 
     config = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)
     taus, tokens, cycles, skipped = [], 0, 0, 0
     for prompt in prompts:
-        if len(target.encode_prompt(prompt)) + max_new_tokens > target.max_context:
+        ids = target.encode_prompt(prompt, chat=config.chat)
+        if len(ids) + max_new_tokens > target.max_context:
             skipped += 1
             continue
-        trace = engine.generate(prompt, drafter.kind, config)
+        trace = engine.generate(prompt, drafter.kind, config, prompt_ids=ids)
         taus.append(trace.tau)
         tokens, cycles = tokens + trace.new_tokens - 1, cycles + trace.cycles  # the prefill token is no cycle's
     if not taus:
