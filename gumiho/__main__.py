@@ -91,8 +91,9 @@ def calibrate_main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .acceptance import Acceptance, file_name
-    from .calibrate import calibrate
+    from .calibrate import PROMPTS, calibrate
     from .profile import TOP_KS
+    from .prompts import read_prompt_file
     from .loader import build_engine, shipped_drafter
 
     from .drafters import weights_kind
@@ -107,7 +108,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
                           dtype=args.dtype, trees="default")
     borrowed = args.method if weights_kind(args.method) != args.method else ""
     top_ks = tuple(args.top_ks or TOP_KS)
-    acceptance = calibrate(engine, args.method, top_ks=top_ks, max_new_tokens=args.max_new_tokens)
+    prompts = tuple(r.turns[0] for r in read_prompt_file(Path(args.prompts))) if args.prompts else PROMPTS
+    acceptance = calibrate(engine, args.method, top_ks=top_ks, prompts=prompts, max_new_tokens=args.max_new_tokens)
     kept = Acceptance.load(out, borrowed) if args.top_ks else None
     if kept is not None:  # recalibrated top_ks replace their old statistics; the others stay
         acceptance = Acceptance({**kept.prefix_ranks, **acceptance.prefix_ranks})
@@ -145,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--model", help="model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
     cal.add_argument("--drafter", help="drafter folder (default: the shipped one)")
     cal.add_argument("--out", help="folder for acceptance.json (default: the drafter's folder)")
+    cal.add_argument("--prompts", help="JSONL file of calibration prompts ('turns'[0] or 'prompt' per line; default: "
+                     "eight generic prompts). The shipped statistics: data/calibration/prompts.jsonl")
     cal.add_argument("--max-new-tokens", type=int, default=64, help="tokens per calibration prompt")
     cal.add_argument("--top-ks", type=positive, nargs="+", metavar="K",
                      help="calibrate only these top_ks, keeping the file's statistics for the others "

@@ -125,7 +125,7 @@ for round in $(seq 1 "$ROUNDS"); do
         if $PY -c "import sys; t, t0, a, a0 = map(float, sys.argv[1:]); sys.exit(0 if t > t0 and a >= a0 else 1)" \
                 "$new" "$old" "$new1" "$old1"; then
             $PY -m gumiho.train ship --run "$run" --dest "$shipped" --eval "$run/eval-new.json"
-            $PY -m gumiho calibrate --method "$drafter" --threads "$THREADS"
+            $PY -m gumiho calibrate --method "$drafter" --prompts data/calibration/prompts.jsonl --threads "$THREADS"
             log "round $round: shipped the new $drafter drafter"
         fi
     done

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,3 +272,32 @@ def test_calibrate_cli_writes_acceptance_statistics(monkeypatch, tmp_path, capsy
     with pytest.raises(SystemExit) as stop:
         main(["calibrate", "--method", "eagle2", "--out", str(tmp_path), "--top-ks", "0"])
     assert stop.value.code == 2 and "--top-ks: must be >= 1" in capsys.readouterr().err
+
+
+def test_calibrate_cli_reads_a_prompt_file(monkeypatch, tmp_path, capsys):
+    from gumiho import loader
+    from gumiho.__main__ import main
+    from gumiho.calibrate import calibrate
+
+    monkeypatch.setattr(loader, "build_engine", lambda *a, **k: tiny_engine(seed=3))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w3 w1 w2"}\n{"turns": ["w2 w2 w5", "a second turn is not read"]}\n')
+    assert main(["calibrate", "--method", "eagle2", "--out", str(tmp_path), "--max-new-tokens", "4",
+                 "--top-ks", "2", "--prompts", str(prompts)]) == 0
+    direct = calibrate(tiny_engine(seed=3), "eagle2", top_ks=(2,), prompts=("w3 w1 w2", "w2 w2 w5"),
+                       max_new_tokens=4, progress=False)
+    assert Acceptance.load(tmp_path).prefix_ranks == direct.prefix_ranks
+    capsys.readouterr()
+    assert main(["calibrate", "--method", "eagle2", "--out", str(tmp_path), "--prompts", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot read" in err and len(err.splitlines()) == 1
+
+
+def test_shipped_calibration_prompts_are_not_benchmark_prompts():
+    from gumiho.prompts import read_prompt_file
+
+    root = Path(__file__).resolve().parent.parent / "data"
+    calibration = {r.turns[0] for r in read_prompt_file(root / "calibration" / "prompts.jsonl")}
+    assert len(calibration) == 77
+    benchmark = {turn for f in (root / "benchmarks").glob("*.jsonl") for r in read_prompt_file(f) for turn in r.turns}
+    assert len(benchmark) > 400 and not calibration & benchmark
