@@ -104,11 +104,11 @@ def calibrate_main(args: argparse.Namespace) -> int:
     out = Path(args.out or folder or "")
     if not args.out and (folder is None or not Path(folder).is_dir()):
         raise GumihoError("give --out FOLDER: the drafter is not a local folder to write acceptance.json into")
+    prompts = tuple(r.turns[0] for r in read_prompt_file(Path(args.prompts))) if args.prompts else PROMPTS
     engine = build_engine(args.model, {args.method: args.drafter}, device=args.device, threads=args.threads,
                           dtype=args.dtype, trees="default")
     borrowed = args.method if weights_kind(args.method) != args.method else ""
     top_ks = tuple(args.top_ks or TOP_KS)
-    prompts = tuple(r.turns[0] for r in read_prompt_file(Path(args.prompts))) if args.prompts else PROMPTS
     acceptance = calibrate(engine, args.method, top_ks=top_ks, prompts=prompts, max_new_tokens=args.max_new_tokens)
     kept = Acceptance.load(out, borrowed) if args.top_ks else None
     if kept is not None:  # recalibrated top_ks replace their old statistics; the others stay
