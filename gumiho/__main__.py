@@ -93,7 +93,6 @@ def calibrate_main(args: argparse.Namespace) -> int:
     from .acceptance import Acceptance, file_name
     from .calibrate import PROMPTS, calibrate
     from .profile import TOP_KS
-    from .prompts import read_prompt_file
     from .loader import build_engine, shipped_drafter
 
     from .drafters import weights_kind
@@ -104,7 +103,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
     out = Path(args.out or folder or "")
     if not args.out and (folder is None or not Path(folder).is_dir()):
         raise GumihoError("give --out FOLDER: the drafter is not a local folder to write acceptance.json into")
-    prompts = tuple(r.turns[0] for r in read_prompt_file(Path(args.prompts))) if args.prompts else PROMPTS
+    prompts = tuple(read_prompts(args.prompts)) if args.prompts else PROMPTS
     engine = build_engine(args.model, {args.method: args.drafter}, device=args.device, threads=args.threads,
                           dtype=args.dtype, trees="default")
     borrowed = args.method if weights_kind(args.method) != args.method else ""
