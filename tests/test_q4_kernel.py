@@ -135,3 +135,20 @@ def test_mlp_heads_in_4_bits_compute_what_their_dequantized_weights_do(kind):
         dequantized = call()
     assert four_bit.shape == dequantized.shape
     assert (four_bit - dequantized).abs().max() <= 0.01 * dequantized.abs().max()
+
+
+def test_the_512_bit_build_equals_the_256_bit_one_bit_for_bit(kernel, monkeypatch):
+    """Where AVX-512 runs VNNI, q4_matmul.cpp multiplies two records (16 output rows) per instruction: the same exact
+    integer sums and the same float operations per output as the 256-bit build, so the same numbers on every
+    machine (13 records: pairs and one alone)."""
+    if not {"avx512f", "avx512bw", "avx512_vnni", "avx512vl"} <= kernels._cpu_flags():
+        pytest.skip("no AVX-512 with VNNI here: only the 256-bit build runs")
+    assert "-mavx512f" in kernels._flags("q4_matmul", torch.backends.cpu.get_cpu_capability())
+    monkeypatch.setattr(kernels, "WIDE", ())
+    narrow = kernels._build("q4_matmul")
+    assert narrow is not None and narrow is not kernel
+    q, d, m = q4_1(100, 6 * GROUP, seed=6)
+    records = q4_records(q, d, m)
+    x = torch.randn(19, 6 * GROUP, generator=torch.Generator().manual_seed(7))
+    for rows in (1, 2, 5, 8, 19):
+        assert torch.equal(kernel.q4_matmul(x[:rows], records), narrow.q4_matmul(x[:rows], records))

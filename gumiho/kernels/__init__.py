@@ -35,6 +35,7 @@ import torch
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 THREADED = ("q8_matmul", "q4_matmul", "attention")  # kernels that split their work across torch's threads
+WIDE = ("q4_matmul",)  # kernels with 512-bit products, built where the processor has AVX-512 with VNNI
 
 
 def _cpu_flags() -> set[str]:
@@ -51,10 +52,15 @@ def _flags(name: str, capability: str) -> list[str]:
     """Compiler flags: vector units where torch found them (and VNNI's 8-bit dot products where the processor has
     them), and OpenMP for the matrix products, without which `at::parallel_for` runs on one thread (the 2-core Zen
     4 EPYC: the 8-bit head's one row 1.8 -> 0.9 ms). The attention splits only calls large enough to pay for it
-    (attention.cpp's SPLIT_WORK: long caches, where one core cannot draw the keys from memory fast enough)."""
+    (attention.cpp's SPLIT_WORK: long caches, where one core cannot draw the keys from memory fast enough).
+    The WIDE kernels take 512-bit vectors where AVX-512 runs VNNI: the same exact integer sums and the same float
+    operations per output, so their results are those of the 256-bit build, bit for bit."""
     vector = ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
-    if vector and {"avx512_vnni", "avx512vl"} <= _cpu_flags():
+    flags = _cpu_flags()
+    if vector and {"avx512_vnni", "avx512vl"} <= flags:
         vector += ["-mavx512vnni", "-mavx512vl"]
+        if name in WIDE and {"avx512f", "avx512bw"} <= flags:
+            vector += ["-mavx512f", "-mavx512bw"]
     return ["-O3", *vector] + _openmp(name)
 
 

@@ -120,6 +120,78 @@ void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * N, acc[r]);
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GUMIHO_Q4_PAIRS 1
+// `dots` for two records side by side: 16 output rows, the first record's in the low half (the same exact integer
+// sums, half the instructions where 512-bit vectors run at full width).
+template <int R>
+inline void dots16(const __m512i w[8], const int8_t* xq, int64_t K, __m512i out[R]) {
+    const auto group = [&](int r, int g) {
+        int32_t bytes;
+        std::memcpy(&bytes, xq + r * K + 4 * g, 4);
+        return _mm512_set1_epi32(bytes);
+    };
+    if constexpr (R > 4) {
+        for (int r = 0; r < R; ++r) out[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], group(r, 0));
+        for (int g = 1; g < 8; ++g)
+            for (int r = 0; r < R; ++r) out[r] = _mm512_dpbusd_epi32(out[r], w[g], group(r, g));
+        return;
+    }
+    __m512i even[R], odd[R];
+    for (int r = 0; r < R; ++r) {
+        even[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], group(r, 0));
+        odd[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], group(r, 1));
+    }
+    for (int g = 2; g < 8; g += 2) {
+        for (int r = 0; r < R; ++r) {
+            even[r] = _mm512_dpbusd_epi32(even[r], w[g], group(r, g));
+            odd[r] = _mm512_dpbusd_epi32(odd[r], w[g + 1], group(r, g + 1));
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = _mm512_add_epi32(even[r], odd[r]);
+}
+
+inline __m512i two_chunks(const uint8_t* first, const uint8_t* second) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second)), 1);
+}
+
+inline __m512 two_halves(const uint8_t* first, const uint8_t* second) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(second)), 1));
+}
+
+// `record_rows` for the records of two consecutive groups of 8 output rows (`first` and `second`, a block's
+// records each): per output the same operations as there, so the results are equal bit for bit.
+template <int R>
+void record_pair_rows(const uint8_t* first, const uint8_t* second, int64_t blocks, const int8_t* xq,
+                      const float* dx, const float* sx, int64_t K, float* out, int64_t N) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* r0 = first + b * RECORD;
+        const uint8_t* r1 = second + b * RECORD;
+        const __m512 d = two_halves(r0, r1), m = two_halves(r0 + 16, r1 + 16);
+        __m512i w[8];
+        for (int c = 0; c < 4; ++c) {
+            const __m512i chunk = two_chunks(r0 + 32 + 32 * c, r1 + 32 + 32 * c);
+            w[c] = _mm512_and_si512(chunk, low);
+            w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low);
+        }
+        __m512i sums[R];
+        dots16<R>(w, xq + b * BLOCK, K, sums);
+        for (int r = 0; r < R; ++r) {
+            const int64_t at = r * (K / BLOCK) + b;
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[at])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * N, acc[r]);
+}
+#endif
 #else
 template <int R>
 void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
@@ -178,14 +250,37 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records) {
     const float* dp = dx.data_ptr<float>();
     const float* sp = sx.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    at::parallel_for(0, B * groups, 8, [&](int64_t begin, int64_t end) {
+    // Work units: a record's group of 8 output rows, or two consecutive groups where 512-bit products are built.
+#ifdef GUMIHO_Q4_PAIRS
+    constexpr int64_t SPAN = 2;
+#else
+    constexpr int64_t SPAN = 1;
+#endif
+    const int64_t spans = (groups + SPAN - 1) / SPAN;
+    at::parallel_for(0, B * spans, 8 / SPAN, [&](int64_t begin, int64_t end) {
         for (int64_t unit = begin; unit < end; ++unit) {
-            const int64_t b = unit / groups, g = unit % groups;
-            const uint8_t* rec = rp + unit * blocks * RECORD;
+            const int64_t b = unit / spans, g = unit % spans * SPAN, width = std::min(SPAN, groups - g);
+            const uint8_t* rec = rp + (b * groups + g) * blocks * RECORD;
             for (int64_t r = 0; r < M; r += MAX_ROWS) {
                 const int64_t row = b * M + r, at = row * blocks;
                 const int8_t* xr = qp + row * K;
                 float* o = op + row * N + g * OUTS;
+#ifdef GUMIHO_Q4_PAIRS
+                if (width == 2) {
+                    const uint8_t* next = rec + blocks * RECORD;
+                    switch (std::min<int64_t>(MAX_ROWS, M - r)) {
+                        case 1: record_pair_rows<1>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        case 2: record_pair_rows<2>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        case 3: record_pair_rows<3>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        case 4: record_pair_rows<4>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        case 5: record_pair_rows<5>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        case 6: record_pair_rows<6>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        case 7: record_pair_rows<7>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                        default: record_pair_rows<8>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
+                    }
+                    continue;
+                }
+#endif
                 switch (std::min<int64_t>(MAX_ROWS, M - r)) {
                     case 1: record_rows<1>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
                     case 2: record_rows<2>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
