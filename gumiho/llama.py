@@ -192,8 +192,9 @@ class DecoderStack:
         return self._cos[positions], self._sin[positions]
 
     def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticCache, i: int,
-                   causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """Layer i's attention with torch's operations (SDPA): rotary, the cache writes, grouped query heads."""
+                   causal: bool, attn_mask: torch.Tensor | None, causal_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Layer i's attention with torch's operations (SDPA): rotary, the cache writes, grouped query heads.
+        `causal_dtype`: the dtype a causal attention computes in (its output cast back), None: the stack's."""
         b, n = qkv.shape[:2]
         h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         past, total = cache.length, cache.length + n
@@ -205,18 +206,24 @@ class DecoderStack:
         cache.keys[i, :, :, past:total] = qk[:, :, h:].transpose(1, 2)
         cache.values[i, :, :, past:total] = qkv[:, :, h + kvh :].transpose(1, 2)
         if causal:  # heads in their own order (KV head, group member): each reads KV head // group
-            out = F.scaled_dot_product_attention(q.view(b, h, n, d), cache.keys[i, :, :, :total],
-                                                 cache.values[i, :, :, :total], is_causal=True, enable_gqa=True)
+            keys, values = cache.keys[i, :, :, :total], cache.values[i, :, :, :total]
+            cast = causal_dtype if causal_dtype not in (None, self.dtype) else None
+            q = q.view(b, h, n, d)
+            if cast is not None:
+                q, keys, values = q.to(cast), keys.to(cast), values.to(cast)
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True).to(self.dtype)
         else:
             out = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :total], cache.values[i, :, :, :total],
                                                  attn_mask=attn_mask)
         return out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, cache: StaticCache, mask: torch.Tensor | None = None,
-            prefill: bool = False, layers: list[LayerWeights] | None = None) -> torch.Tensor:
+            prefill: bool = False, layers: list[LayerWeights] | None = None,
+            causal_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The layers' output [batch, n, hidden] (before any final norm) for inputs x [batch, n, hidden] at
         `positions` [batch, n]; their KV go to `cache` at [length, length + n). `mask` [batch, n, past + n] bool
-        (True = attend) or None for causal; `prefill`: a prompt from an empty cache may take SDPA's causal attention."""
+        (True = attend) or None for causal; `prefill`: a prompt from an empty cache may take SDPA's causal attention,
+        computed in `causal_dtype` where given (the cache keeps the stack's dtype)."""
         b, n = x.shape[:2]
         layers = self.layers if layers is None else layers
         past = cache.length
@@ -243,7 +250,7 @@ class DecoderStack:
                 out = rows_kernel.attend(qkv, cos, sin, cache.keys[i], cache.values[i], visible, self.heads, past,
                                          self.head_dim ** -0.5)
             else:
-                out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask)
+                out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask, causal_dtype)
             x, h = self._add_rms(x, layer.o(out), layer.post_norm, ops)
             x = x + layer.down(self._gated(layer.gate_up(h), ops))
         cache.length = total
@@ -281,10 +288,12 @@ class LeanLlama(DecoderStack):
                              getattr(config, "head_dim", None) or config.hidden_size // heads, config.rms_norm_eps,
                              rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)), self.embed.dtype,
                              self.embed.device)
-            # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits.
-            self.prefill_dtype, self.prefill_from = None, 0
+            # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits,
+            # and its causal attention in the dtype measured fastest.
+            self.prefill_dtype, self.prefill_from, self.prefill_attention = None, 0, torch.float32
             if int4 is not None:
-                self.prefill_dtype, self.prefill_from = self._prefill_choice(decoder.layers[0], prefill_file)
+                self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
+                    decoder.layers[0], prefill_file)
             self.prefill_layers: list[LayerWeights] | None = None
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
@@ -344,7 +353,8 @@ class LeanLlama(DecoderStack):
             down=fused("mlp.down_proj"),
         )
 
-    def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int]:
+    def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int,
+                                                                                   torch.dtype]:
         """`_fastest_prefill`, measured once per machine and model and then read from `file`. The choice changes
         the prompt's numerics, and so the greedy text of every prompt past the crossing: measured afresh at each
         load, it flipped between processes on the Zen 4 (the two times are close near 256 rows), and the same
@@ -353,22 +363,24 @@ class LeanLlama(DecoderStack):
         try:
             saved = json.loads(file.read_text()) if file is not None else None
             by_name = {name: dtype for dtype, name in names.items()}
-            if saved is not None and saved.get("dtype") in by_name and int(saved.get("from", -1)) >= 0:
-                return by_name[saved["dtype"]], int(saved["from"])
+            if (saved is not None and saved.get("dtype") in by_name and int(saved.get("from", -1)) >= 0
+                    and by_name.get(saved.get("attention")) is not None):
+                return by_name[saved["dtype"]], int(saved["from"]), by_name[saved["attention"]]
         except (OSError, ValueError, TypeError, AttributeError):
-            pass  # no file yet, or a damaged one: measure and write it again
-        dtype, start = self._fastest_prefill(first)
+            pass  # no file yet, or a damaged or older one: measure and write it again
+        dtype, start, attention = self._fastest_prefill(first)
         if file is not None:
             try:
                 file.parent.mkdir(parents=True, exist_ok=True)
                 tmp = file.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"dtype": names[dtype], "from": start}) + "\n")
+                tmp.write_text(json.dumps({"dtype": names[dtype], "from": start, "attention": names[attention]})
+                               + "\n")
                 tmp.replace(file)
             except OSError:
                 pass  # a read-only cache: the next load measures again
-        return dtype, start
+        return dtype, start, attention
 
-    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int]:
+    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, torch.dtype]:
         """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of
         PREFILL_ROWS rows, and from how many rows it beats the 4-bit ones (where the two times, taken as linear in
         the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of 5).
@@ -395,7 +407,29 @@ class LeanLlama(DecoderStack):
                 median_s(layer, PREFILL_ROWS[0])  # first calls pay one-time costs
             times = {dtype: tuple(median_s(layer, rows) for rows in PREFILL_ROWS)
                      for dtype, layer in candidates.items()}
-        return prefill_choice(times)
+            dtype, start = prefill_choice(times)
+            return dtype, start, self._fastest_causal_attention() if dtype is not None else torch.float32
+
+    def _fastest_causal_attention(self) -> torch.dtype:
+        """The dtype (of PREFILL_DTYPES) in which one layer's causal attention over the longer of PREFILL_ROWS tokens
+        is the fastest, casts from and to the fp32 cache included (medians of 5). On the Intel Xeon with AMX, 30
+        layers at 769 tokens: fp32 158 ms, bf16 79 (whole prefills of CNN/DM prompts 0.59 -> 0.46 ms a token)."""
+        rows = PREFILL_ROWS[1]
+        q = torch.randn(1, self.heads, rows, self.head_dim)
+        keys, values = (torch.randn(1, self.kv_heads, rows, self.head_dim) for _ in range(2))
+
+        def median_s(dtype: torch.dtype) -> float:
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                F.scaled_dot_product_attention(q.to(dtype), keys.to(dtype), values.to(dtype), is_causal=True,
+                                               enable_gqa=True).float()
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
+
+        for dtype in PREFILL_DTYPES:
+            median_s(dtype)  # first calls pay one-time costs
+        return min(PREFILL_DTYPES, key=median_s)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
                 mask: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
@@ -404,14 +438,15 @@ class LeanLlama(DecoderStack):
         `mask` [n, past + n] bool (True = attend) for a tree; None means causal. A batch of sequences (one cache
         row each) passes tokens and positions [batch, n], a mask [batch, n, past + n] or None, and gets
         [batch, n, hidden]. `prefill`: a prompt's tokens, which on the int4 path (from `prefill_from` of them, where
-        measured faster) go through the float weights; a decode step or a tree never does, so that every
+        measured faster) go through the float weights, their causal attention in `prefill_attention`; a decode step
+        or a tree never does, so that every
         verified row is computed as a one-token step would be.
         """
         if tokens.dim() == 1:
             return self.forward(tokens[None], positions[None], cache, None if mask is None else mask[None],
                                 prefill)[0]
-        layers = self.layers
+        layers, causal_dtype = self.layers, None
         if prefill and self.prefill_layers is not None and tokens.shape[1] >= self.prefill_from:
-            layers = self.prefill_layers
-        x = self.run(F.embedding(tokens, self.embed), positions, cache, mask, prefill, layers)
+            layers, causal_dtype = self.prefill_layers, self.prefill_attention
+        x = self.run(F.embedding(tokens, self.embed), positions, cache, mask, prefill, layers, causal_dtype)
         return self._rms(x, self.norm, self.row_kernels(tokens.shape[1], prefill)[1])

@@ -94,18 +94,25 @@ def test_without_the_kernels_the_head_is_fp16_and_speculation_still_equals_ar(mo
     assert run.token_ids == ar.token_ids
 
 
-@pytest.mark.parametrize("dtype, within", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("dtype, attention, within", [(torch.float32, torch.float32, 1e-4),
+                                                      (torch.bfloat16, torch.float32, 3e-2),
+                                                      (torch.bfloat16, torch.bfloat16, 3e-2)])
 def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_follows_ar(monkeypatch, dtype,
-                                                                                          within):
+                                                                                          attention, within):
     """Where the machine measures float products faster for many rows, the prompt takes them: its features are
-    those of the model's float weights (close to, not equal to, the 4-bit ones; in bf16, to bf16 rounding), and
-    since AR and speculation share the prefill, greedy speculation still equals this path's AR."""
-    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0]))
+    those of the model's float weights (close to, not equal to, the 4-bit ones; in bf16, to bf16 rounding, its causal
+    attention in bf16 too where that is measured faster), and since AR and speculation share the prefill, greedy
+    speculation still equals this path's AR."""
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0], attention))
     engine = tiny_int4_engine(3)
     target = engine.target
     assert target.lean.prefill_layers is not None and target.lean.prefill_dtype == dtype
     ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 16,), generator=torch.Generator().manual_seed(3))
     as_prefill = target.features(ids, target.new_cache(), prefill=True)
+    if attention != torch.float32:  # the attention's own rounding shows
+        target.lean.prefill_attention = torch.float32
+        assert not torch.equal(as_prefill, target.features(ids, target.new_cache(), prefill=True))
+        target.lean.prefill_attention = attention
     as_tree = target.features(ids, target.new_cache())
     fp32 = target_for(engine.target, ExecPath("float32", pack=False)).features(ids, target.new_cache())
     assert not torch.equal(as_prefill, as_tree)
@@ -141,22 +148,26 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
 
     def fastest(self, first):
         measured.append(first)
-        return torch.bfloat16, 90
+        return torch.bfloat16, 90, torch.bfloat16
 
     monkeypatch.setattr(LeanLlama, "_fastest_prefill", fastest)
     lean = tiny_int4_engine(0).target.lean
     assert (lean.prefill_dtype, lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
     target = tiny_int4_engine(0).target  # a later load of the same model on the same machine
     assert (target.lean.prefill_dtype, target.lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
-    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90}
+    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
+    assert target.lean.prefill_attention == torch.bfloat16
     prefill_path(target).write_text("{damaged")
     lean = tiny_int4_engine(0).target.lean
     assert (lean.prefill_dtype, len(measured)) == (torch.bfloat16, 2)
-    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90}
+    prefill_path(target).write_text(json.dumps({"dtype": "bfloat16", "from": 90}))  # an older file: no attention
+    lean = tiny_int4_engine(0).target.lean
+    assert (lean.prefill_attention, len(measured)) == (torch.bfloat16, 3)
+    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
 
 
 def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
-    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0))
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0, torch.float32))
     assert tiny_int4_engine(0).target.lean.prefill_layers is None
 
 
@@ -305,3 +316,17 @@ def test_every_path_is_compared_with_fp32_ar():
     assert fp32["same_as_first"] == 1.0 and fp32["first_kept"] == 1.0 and fp32["vs_first"] == 1.0
     assert ((table["first_kept"] >= 0) & (table["first_kept"] <= 1)).all()
     assert (table["tokens_per_s"] > 0).all() and (table["perplexity"] >= 1).all()
+
+
+def test_the_prefill_measurement_names_a_causal_attention_dtype(monkeypatch):
+    """`_fastest_prefill` times the products and, where a float dtype wins them, the causal attention: fp32 where
+    the prompt keeps its 4-bit products."""
+    from gumiho.llama import PREFILL_DTYPES
+
+    target = tiny_int4_engine(0).target
+    lean, first = target.lean, target.model.model.layers[0]
+    dtype, start, attention = lean._fastest_prefill(first)
+    assert dtype in (None, *PREFILL_DTYPES) and start >= 0 and attention in PREFILL_DTYPES
+    assert dtype is not None or attention == torch.float32
+    monkeypatch.setattr("gumiho.llama.prefill_choice", lambda times: (None, 0))
+    assert lean._fastest_prefill(first)[2] == torch.float32
