@@ -75,6 +75,47 @@ void rows_times_blocks(const int8_t* xq, const float* dx, int64_t K, const int8_
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GUMIHO_Q8_PAIRS 1
+// `rows_times_blocks` for outputs v0, v0 + 2, ... < v1 (v1 - v0 even), two at a time: output v in a 512-bit
+// vector's low half, v + 1 in its high half, each half doing what the 256-bit code does for its output (the same
+// exact integer sums, the same scale products and multiply-adds, the same horizontal sum), so every output equals
+// the 256-bit build's bit for bit, with about half the instructions per input row.
+template <int ROWS>
+void rows_times_block_pairs(const int8_t* xq, const float* dx, int64_t K, const int8_t* q, const float* d,
+                            int64_t v0, int64_t v1, float* out, int64_t N) {
+    const int64_t blocks = K / BLOCK;
+    for (int64_t v = v0; v < v1; v += 2) {
+        const int8_t* qv = q + v * K;
+        const float* dv = d + v * blocks;
+        __m512 acc[ROWS];
+        for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+            const __m512i w = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + b * BLOCK))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + K + b * BLOCK)), 1);
+            const __m512i magnitude = _mm512_abs_epi8(w);
+            const __mmask64 negative = _mm512_movepi8_mask(w);
+            const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(dv[b])),
+                                                                  _mm256_castps_pd(_mm256_set1_ps(dv[blocks + b])), 1));
+            for (int r = 0; r < ROWS; ++r) {
+                const __m512i x = _mm512_broadcast_i64x4(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + b * BLOCK)));
+                // x signed as w: -x where w < 0 (where w = 0, |w| = 0 makes the product 0, as sign_epi8's 0 does)
+                const __m512i signed_x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+                const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * blocks + b])),
+                                         acc[r]);
+            }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+            out[r * N + v] = hsum8(_mm512_castps512_ps256(acc[r]));
+            out[r * N + v + 1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
+        }
+    }
+}
+#endif
+
 }  // namespace
 
 // x [M, K] fp32; q int8 [N, K]; d fp32 [N, K / 32]. Returns x @ (d * q).T, [M, N] fp32, x rounded per block.
@@ -101,15 +142,29 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
             const int8_t* xm = xq.data() + m * K;
             const float* dm = dx.data() + m * blocks;
             float* om = op + m * N;
+            int64_t start = v0;
+#ifdef GUMIHO_Q8_PAIRS
+            start = v0 + (v1 - v0) / 2 * 2;  // the pairs, then an odd output left over (256-bit code)
             switch (std::min<int64_t>(MAX_ROWS, M - m)) {
-                case 1: rows_times_blocks<1>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                case 2: rows_times_blocks<2>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                case 3: rows_times_blocks<3>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                case 4: rows_times_blocks<4>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                case 5: rows_times_blocks<5>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                case 6: rows_times_blocks<6>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                case 7: rows_times_blocks<7>(xm, dm, K, qp, dp, v0, v1, om, N); break;
-                default: rows_times_blocks<8>(xm, dm, K, qp, dp, v0, v1, om, N); break;
+                case 1: rows_times_block_pairs<1>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                case 2: rows_times_block_pairs<2>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                case 3: rows_times_block_pairs<3>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                case 4: rows_times_block_pairs<4>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                case 5: rows_times_block_pairs<5>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                case 6: rows_times_block_pairs<6>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                case 7: rows_times_block_pairs<7>(xm, dm, K, qp, dp, v0, start, om, N); break;
+                default: rows_times_block_pairs<8>(xm, dm, K, qp, dp, v0, start, om, N); break;
+            }
+#endif
+            switch (std::min<int64_t>(MAX_ROWS, M - m)) {
+                case 1: rows_times_blocks<1>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                case 2: rows_times_blocks<2>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                case 3: rows_times_blocks<3>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                case 4: rows_times_blocks<4>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                case 5: rows_times_blocks<5>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                case 6: rows_times_blocks<6>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                case 7: rows_times_blocks<7>(xm, dm, K, qp, dp, start, v1, om, N); break;
+                default: rows_times_blocks<8>(xm, dm, K, qp, dp, start, v1, om, N); break;
             }
         }
     });
