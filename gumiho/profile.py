@@ -52,7 +52,7 @@ VERSION = 14  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 9: the attention of long caches split across threads; 10: 4-bit products 8 rows per pass; 11: measured with the
 # drafter campaign paused (a profile measured under its load put T(1) at 7.4 ms for 5.2 on the 2-core Zen 4 EPYC);
 # 12: the 8-bit lm_head rounds its input to 8 bits (integer dot products); 13: draft heads' top-k in one kernel call;
-# 14: 512-bit 4-bit products where AVX-512 runs VNNI, and the prefill file names the causal attention's dtype
+# 14: 512-bit 4-bit products and 8-bit head where AVX-512 runs VNNI; the prefill file names the attention dtype
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
