@@ -45,14 +45,15 @@ from .tree import TreeSettings, build_tree
 
 log = logging.getLogger(__name__)
 
-VERSION = 14  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 15  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
 # 9: the attention of long caches split across threads; 10: 4-bit products 8 rows per pass; 11: measured with the
 # drafter campaign paused (a profile measured under its load put T(1) at 7.4 ms for 5.2 on the 2-core Zen 4 EPYC);
 # 12: the 8-bit lm_head rounds its input to 8 bits (integer dot products); 13: draft heads' top-k in one kernel call;
-# 14: 512-bit 4-bit products and 8-bit head where AVX-512 runs VNNI; the prefill file names the attention dtype
+# 14: 512-bit 4-bit products and 8-bit head where AVX-512 runs VNNI; the prefill file names the attention dtype;
+# 15: the int4 path's KV cache in fp16
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)

@@ -154,8 +154,9 @@ class Target:
     `forward` picks how the decoder runs: "lean" (`llama.LeanLlama`, a pre-allocated KV cache; Llama-family models
     only) or "transformers" (the model's own forward, the reference). `pack`: oneDNN-packed fp32 matmuls on CPU.
     `int4`: the lean forward with 4-bit weights (int4.py; the default model's own GGUF blocks), CPU only; the
-    lm_head then runs in 8-bit blocks (`int4.Q8Matrix`; fp16 where that kernel cannot build), `dtype` (fp32) is
-    that of everything else, and `pack` applies to the drafters. A long prompt's prefill takes the float weights
+    lm_head then runs in 8-bit blocks (`int4.Q8Matrix`; fp16 where that kernel cannot build), the KV cache holds
+    fp16 where the row-consistent attention reads it, `dtype` (fp32) is that of everything else, and `pack` applies
+    to the drafters. A long prompt's prefill takes the float weights
     where that is measured faster (`LeanLlama.prefill_layers`).
     """
 

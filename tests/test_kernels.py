@@ -145,6 +145,41 @@ def test_attend_rotates_writes_the_cache_and_attends_as_the_torch_path_does(kern
     assert torch.equal(ours.values, theirs.values)
 
 
+@pytest.mark.parametrize("past", [3, 129, 400])
+def test_an_fp16_cache_is_read_as_its_values_widened_to_fp32(kernel, past):
+    """The int4 path's cache holds fp16 keys and values: the kernel widens them as it loads them, so its output is,
+    bit for bit, what the fp32 cache of the same (rounded) numbers gives, and every row-consistency property holds."""
+    parents = [-1, 0, 1, 2, 0, 4, 1]
+    n = len(parents)
+    keys, values = (t.half() for t in cache(seed=past))
+    q = torch.randn(1, KV_HEADS, GROUP * n, D, generator=torch.Generator().manual_seed(past))
+    visible = tree_visibility(parents, past)
+    out = kernel.attention(q, keys, values, visible, n, past, D ** -0.5)
+    assert torch.equal(out, kernel.attention(q, keys.float(), values.float(), visible, n, past, D ** -0.5))
+    causal = kernel.attention(q, keys, values, torch.empty(0, dtype=torch.bool), n, past, D ** -0.5)
+    assert torch.equal(causal, kernel.attention(q, keys.float(), values.float(), torch.empty(0, dtype=torch.bool), n,
+                                                past, D ** -0.5))
+
+
+def test_attend_rounds_what_it_writes_to_an_fp16_cache(kernel):
+    """`attend` on an fp16 cache writes the rotated keys and the values rounded to fp16 (to nearest, as torch
+    rounds them) and attends over the cache as it then is."""
+    past, n, heads = 37, 3, KV_HEADS * GROUP
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(1, n, (heads + 2 * KV_HEADS) * D, generator=g)
+    angles = torch.rand(1, n, D // 2, generator=g) * 6.0
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    keys, values = cache(seed=5)
+    half_keys, half_values = keys.half(), values.half()
+    wide_keys, wide_values = half_keys.float(), half_values.float()
+    visible = tree_visibility([-1, 0, 1], past)
+    out = kernel.attend(qkv, cos, sin, half_keys, half_values, visible, heads, past, D ** -0.5)
+    wide = kernel.attend(qkv, cos, sin, wide_keys, wide_values, visible, heads, past, D ** -0.5)
+    assert torch.equal(half_keys, wide_keys.half()) and torch.equal(half_values, wide_values.half())
+    assert not torch.equal(half_keys.float(), wide_keys)  # the new keys were rounded in the fp16 cache only
+    torch.testing.assert_close(out, wide, rtol=0, atol=5e-3)
+
+
 BUILDS = (kernels.row_attention, kernels.row_ops, kernels.q8_matmul, kernels.q4_matmul)
 
 

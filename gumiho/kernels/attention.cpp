@@ -5,6 +5,9 @@
 // the row's visible keys only, and masked keys enter the sums as exact zeros (x + 0 = x). So a node of a verified
 // tree gets, bit for bit, the attention output that a one-token decode step at that position would give, and a
 // path whose matrix products are row-consistent too (int4.py) makes greedy speculation equal its AR exactly.
+//
+// The cache holds fp32 or fp16 keys and values (T below): fp16 halves the bytes a step reads, widened to fp32 as
+// they are loaded, so the arithmetic is the same.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -18,6 +21,14 @@
 #include "simd.h"
 
 namespace {
+
+using Half = at::Half;
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Eight cache entries as fp32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
 
 constexpr int64_t KEY_CHUNK = 64;
 // A call splits its work across torch's threads from this many multiply-adds (B * H * R * total * d). Measured on
@@ -39,13 +50,13 @@ inline void split(int64_t units, int64_t work, const F& fn) {
 // out[r] = sum_i q[r][i] * key[i] for ROWS query rows of length d (a multiple of 16 on AVX2), each dot product
 // always computed by the same operations in the same order (two partial sums over strides of 16, then a fixed
 // horizontal sum) whatever the number of rows: the loads of `key` are shared, the arithmetic is not.
-template <int ROWS>
-inline void dots(const float* q, const float* key, int64_t d, float* out) {
+template <int ROWS, typename T>
+inline void dots(const float* q, const T* key, int64_t d, float* out) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 s0[ROWS], s1[ROWS];
     for (int r = 0; r < ROWS; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 16) {
-        const __m256 k0 = _mm256_loadu_ps(key + i), k1 = _mm256_loadu_ps(key + i + 8);
+        const __m256 k0 = load8(key + i), k1 = load8(key + i + 8);
         for (int r = 0; r < ROWS; ++r) {
             s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), k0, s0[r]);
             s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i + 8), k1, s1[r]);
@@ -55,13 +66,14 @@ inline void dots(const float* q, const float* key, int64_t d, float* out) {
 #else
     for (int r = 0; r < ROWS; ++r) {
         float acc = 0.f;
-        for (int64_t i = 0; i < d; ++i) acc += q[r * d + i] * key[i];
+        for (int64_t i = 0; i < d; ++i) acc += q[r * d + i] * static_cast<float>(key[i]);
         out[r] = acc;
     }
 #endif
 }
 
-inline void dots(const float* q, int64_t rows, const float* key, int64_t d, float* out) {
+template <typename T>
+inline void dots(const float* q, int64_t rows, const T* key, int64_t d, float* out) {
     switch (rows) {
         case 1: dots<1>(q, key, d, out); break;
         case 2: dots<2>(q, key, d, out); break;
@@ -71,14 +83,14 @@ inline void dots(const float* q, int64_t rows, const float* key, int64_t d, floa
 }
 
 // out[r * ostride + 0 .. 15] = sum_j p[r * stride + j] * value[j * vstride + 0 .. 15], keys j in order, ROWS rows.
-template <int ROWS>
-inline void weighted_sum16(const float* p, int64_t stride, const float* value, int64_t vstride, int64_t total,
+template <int ROWS, typename T>
+inline void weighted_sum16(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total,
                            float* out, int64_t ostride) {
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 a0[ROWS], a1[ROWS];
     for (int r = 0; r < ROWS; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < total; ++j) {
-        const __m256 v0 = _mm256_loadu_ps(value + j * vstride), v1 = _mm256_loadu_ps(value + j * vstride + 8);
+        const __m256 v0 = load8(value + j * vstride), v1 = load8(value + j * vstride + 8);
         for (int r = 0; r < ROWS; ++r) {
             const __m256 w = _mm256_broadcast_ss(p + r * stride + j);
             a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
@@ -93,7 +105,7 @@ inline void weighted_sum16(const float* p, int64_t stride, const float* value, i
     for (int r = 0; r < ROWS; ++r) {
         float acc[16] = {0.f};
         for (int64_t j = 0; j < total; ++j)
-            for (int i = 0; i < 16; ++i) acc[i] += p[r * stride + j] * value[j * vstride + i];
+            for (int i = 0; i < 16; ++i) acc[i] += p[r * stride + j] * static_cast<float>(value[j * vstride + i]);
         for (int i = 0; i < 16; ++i) out[r * ostride + i] = acc[i];
     }
 #endif
@@ -151,15 +163,9 @@ inline void softmax_numerators(float* row, const bool* seen, int64_t total) {
 
 }  // namespace
 
-// q [B, H, R, d] fp32 contiguous, rows ordered (group member, token): row r is token r % n.
-// keys, values [B, H, >= total, d] fp32, each row of d contiguous (a view of a KV cache).
-// visible: bool [B, n, total], or an empty tensor for causal visibility (token i sees keys 0 .. past + i).
-// Returns [B, H, R, d].
-torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
-                        int64_t n, int64_t past, double scale) {
-    TORCH_CHECK(q.scalar_type() == torch::kFloat && keys.scalar_type() == torch::kFloat &&
-                values.scalar_type() == torch::kFloat, "attention: fp32 tensors only");
-    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention: key and value rows must be contiguous");
+template <typename T>
+torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
+                           int64_t n, int64_t past, double scale) {
     q = q.contiguous();
     const int64_t B = q.size(0), H = q.size(1), R = q.size(2), d = q.size(3), total = past + n;
     TORCH_CHECK(d % 16 == 0, "attention: head size must be a multiple of 16");
@@ -176,8 +182,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     auto probs = torch::empty({B, H, R, total}, q.options());
     std::vector<float> sums(B * H * R);
     const float* qp = q.data_ptr<float>();
-    const float* kp = keys.data_ptr<float>();
-    const float* valp = values.data_ptr<float>();
+    const T* kp = keys.data_ptr<T>();
+    const T* valp = values.data_ptr<T>();
     float* pp = probs.data_ptr<float>();
     float* op = out.data_ptr<float>();
     const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
@@ -191,7 +197,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / chunks, c = w % chunks, b = bh / H, h = bh % H;
             for (int64_t j = c * KEY_CHUNK; j < std::min(total, (c + 1) * KEY_CHUNK); ++j) {
-                const float* key = kp + b * ks0 + h * ks1 + j * ks2;
+                const T* key = kp + b * ks0 + h * ks1 + j * ks2;
                 float score[4];
                 for (int64_t r0 = 0; r0 < R; r0 += 4) {
                     const int64_t rows = std::min<int64_t>(4, R - r0);
@@ -231,7 +237,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     split(B * H * slices, work, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / slices, s = w % slices, b = bh / H, h = bh % H;
-            const float* value = valp + b * vs0 + h * vs1 + s * 16;
+            const T* value = valp + b * vs0 + h * vs1 + s * 16;
             for (int64_t r0 = 0; r0 < R; r0 += 4) {
                 const float* prob = pp + (bh * R + r0) * total;
                 float* o = op + (bh * R + r0) * d + s * 16;
@@ -252,6 +258,20 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     return out;
 }
 
+// q [B, H, R, d] fp32 contiguous, rows ordered (group member, token): row r is token r % n.
+// keys, values [B, H, >= total, d], both fp32 or both fp16, each row of d contiguous (a view of a KV cache).
+// visible: bool [B, n, total], or an empty tensor for causal visibility (token i sees keys 0 .. past + i).
+// Returns [B, H, R, d] fp32.
+torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
+                        int64_t n, int64_t past, double scale) {
+    const auto cache = keys.scalar_type();
+    TORCH_CHECK(q.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
+                values.scalar_type() == cache, "attention: fp32 queries, fp32 or fp16 keys and values");
+    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention: key and value rows must be contiguous");
+    return cache == torch::kHalf ? attention_of<Half>(q, keys, values, visible, n, past, scale)
+                                 : attention_of<float>(q, keys, values, visible, n, past, scale);
+}
+
 // Llama's rotary embedding of one head's row: out = x * cos + rotate_half(x) * sin, a multiply and a multiply-add
 // per element in a fixed order, the same for every row (rotate_half(x) = [-x[d/2:], x[:d/2]]).
 inline void rotate(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
@@ -260,32 +280,21 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
     for (int64_t i = half; i < d; ++i) out[i] = std::fma(x[i - half], sin[i], x[i] * cos[i]);
 }
 
-// A layer's attention from its fused projection, for the few rows of a decode step, a tree or a draft step:
-// qkv [B, n, (H + 2 KV) * d] fp32 before the rotary embedding; cos, sin [B, n, d]; keys, values [B, KV, capacity,
-// d], the layer's cache, whose slots [past, past + n) receive the rotated keys and the values. Queries sharing a KV
-// head are grouped as `attention` takes them. Returns [B, n, H * d], ready for the output projection. One call
-// instead of a dozen small torch operations per layer (their dispatch cost more than their arithmetic).
-torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
-                     torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale) {
-    TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
-                sin.scalar_type() == torch::kFloat && keys.scalar_type() == torch::kFloat &&
-                values.scalar_type() == torch::kFloat, "attend: fp32 tensors only");
-    qkv = qkv.contiguous();
-    cos = cos.contiguous();
-    sin = sin.contiguous();
-    const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
-    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
-                values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
-                "attend: inconsistent shapes");
-    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attend: key and value rows must be contiguous");
-    auto q = torch::empty({B, KV, G * n, d}, qkv.options());
-    const float* xp = qkv.data_ptr<float>();
-    const float* cp = cos.data_ptr<float>();
-    const float* sp = sin.data_ptr<float>();
-    float* qp = q.data_ptr<float>();
-    float* kp = keys.data_ptr<float>();
-    float* vp = values.data_ptr<float>();
-    const int64_t width = (heads + 2 * KV) * d;
+// d values into a cache row (fp16: rounded to nearest, ties to even).
+inline void store(float* to, const float* from, int64_t d) { std::memcpy(to, from, d * sizeof(float)); }
+inline void store(Half* to, const float* from, int64_t d) {
+    for (int64_t i = 0; i < d; ++i) to[i] = Half(from[i]);
+}
+
+// Rotary and cache writes for `attend`: the queries into q [B, KV, G * n, d] (grouped), the rotated keys and the
+// values into the cache's slots [past, past + n).
+template <typename T>
+void rotate_and_store(const float* xp, const float* cp, const float* sp, int64_t B, int64_t n, int64_t heads,
+                      int64_t KV, int64_t d, int64_t past, float* qp, torch::Tensor& keys, torch::Tensor& values) {
+    const int64_t G = heads / KV, width = (heads + 2 * KV) * d;
+    T* kp = keys.data_ptr<T>();
+    T* vp = values.data_ptr<T>();
+    std::vector<float> rotated(d);
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t t = 0; t < n; ++t) {
             const float* row = xp + (b * n + t) * width;
@@ -295,13 +304,42 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
                 rotate(row + h * d, c, s, d, qp + ((b * KV + h / G) * G * n + (h % G) * n + t) * d);
             for (int64_t k = 0; k < KV; ++k) {
                 const int64_t slot = past + t;
-                rotate(row + (heads + k) * d, c, s, d,
-                       kp + b * keys.stride(0) + k * keys.stride(1) + slot * keys.stride(2));
-                std::memcpy(vp + b * values.stride(0) + k * values.stride(1) + slot * values.stride(2),
-                            row + (heads + KV + k) * d, d * sizeof(float));
+                rotate(row + (heads + k) * d, c, s, d, rotated.data());
+                store(kp + b * keys.stride(0) + k * keys.stride(1) + slot * keys.stride(2), rotated.data(), d);
+                store(vp + b * values.stride(0) + k * values.stride(1) + slot * values.stride(2),
+                      row + (heads + KV + k) * d, d);
             }
         }
     }
+}
+
+// A layer's attention from its fused projection, for the few rows of a decode step, a tree or a draft step:
+// qkv [B, n, (H + 2 KV) * d] fp32 before the rotary embedding; cos, sin [B, n, d]; keys, values [B, KV, capacity,
+// d] (fp32 or fp16), the layer's cache, whose slots [past, past + n) receive the rotated keys and the values.
+// Queries sharing a KV head are grouped as `attention` takes them. Returns [B, n, H * d], ready for the output
+// projection. One call instead of a dozen small torch operations per layer (their dispatch cost more than their
+// arithmetic).
+torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
+                     torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale) {
+    const auto cache = keys.scalar_type();
+    TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
+                sin.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
+                values.scalar_type() == cache, "attend: fp32 inputs, an fp32 or fp16 cache");
+    qkv = qkv.contiguous();
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
+    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
+                values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
+                "attend: inconsistent shapes");
+    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attend: key and value rows must be contiguous");
+    auto q = torch::empty({B, KV, G * n, d}, qkv.options());
+    if (cache == torch::kHalf)
+        rotate_and_store<Half>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV,
+                               d, past, q.data_ptr<float>(), keys, values);
+    else
+        rotate_and_store<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads,
+                                KV, d, past, q.data_ptr<float>(), keys, values);
     const torch::Tensor grouped = attention(q, keys, values, visible, n, past, scale);  // [B, KV, G * n, d]
     auto out = torch::empty({B, n, heads * d}, qkv.options());
     const float* gp = grouped.data_ptr<float>();
@@ -315,6 +353,6 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("attention", &attention, "Row-consistent attention (fp32, CPU)");
+    m.def("attention", &attention, "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
     m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection");
 }
