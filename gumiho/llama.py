@@ -193,7 +193,8 @@ class DecoderStack:
         return self._cos[positions], self._sin[positions]
 
     def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticCache, i: int,
-                   causal: bool, attn_mask: torch.Tensor | None, causal_dtype: torch.dtype | None = None) -> torch.Tensor:
+                   causal: bool, attn_mask: torch.Tensor | None,
+                   causal_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Layer i's attention with torch's operations (SDPA): rotary, the cache writes, grouped query heads.
         `causal_dtype`: the dtype a causal attention computes in (its output cast back), None: the stack's."""
         b, n = qkv.shape[:2]
@@ -223,7 +224,7 @@ class DecoderStack:
         """The layers' output [batch, n, hidden] (before any final norm) for inputs x [batch, n, hidden] at
         `positions` [batch, n]; their KV go to `cache` at [length, length + n). `mask` [batch, n, past + n] bool
         (True = attend) or None for causal; `prefill`: a prompt from an empty cache may take SDPA's causal attention,
-        computed in `causal_dtype` where given (the cache keeps the stack's dtype)."""
+        computed in `causal_dtype` where given (the cache keeps its own, `kv_dtype`)."""
         b, n = x.shape[:2]
         layers = self.layers if layers is None else layers
         past = cache.length
@@ -416,8 +417,8 @@ class LeanLlama(DecoderStack):
 
     def _fastest_causal_attention(self) -> torch.dtype:
         """The dtype (of PREFILL_DTYPES) in which one layer's causal attention over the longer of PREFILL_ROWS tokens
-        is the fastest, casts from and to the fp32 cache included (medians of 5). On the Intel Xeon with AMX, 30
-        layers at 769 tokens: fp32 158 ms, bf16 79 (whole prefills of CNN/DM prompts 0.59 -> 0.46 ms a token)."""
+        is the fastest, casts included (medians of 5). On the Intel Xeon with AMX, 30 layers at 769 tokens: fp32
+        158 ms, bf16 79 (whole prefills of 12 benchmark prompts 1.07 -> 0.86 ms a token)."""
         rows = PREFILL_ROWS[1]
         q = torch.randn(1, self.heads, rows, self.head_dim)
         keys, values = (torch.randn(1, self.kv_heads, rows, self.head_dim) for _ in range(2))

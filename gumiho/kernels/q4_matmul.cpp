@@ -57,34 +57,62 @@ inline float half_to_float(uint16_t h) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// For R input rows, sum over inputs of q_v * xq for the 8 rows v of a record: the 8 vectors of nibbles times
-// 4-byte groups of x, the rows' sums interleaved so that their chains overlap (integer sums: exact in any order).
-template <int R>
-inline void dots(const __m256i w[8], const int8_t* xq, int64_t K, __m256i out[R]) {
-    // Group g of row r (4 bytes) in all 8 lanes, broadcast straight from memory: a load, where a broadcast from a
-    // general register takes a vector unit (2-core Zen 4 EPYC, a forward's products: 4 rows 3.5 -> 3.1 ms).
-    const auto group = [&](int r, int g) { return _mm256_broadcastd_epi32(_mm_loadu_si32(xq + r * K + 4 * g)); };
+// The integer vectors `dots` works in: one record's 8 output rows in 256 bits (Lanes8), or two records' 16 in 512
+// (Lanes16, built where AVX-512 has VNNI). Group g of input row r (4 bytes) goes to every lane, broadcast straight
+// from memory: a load, where a broadcast from a general register takes a vector unit (2-core Zen 4 EPYC, a
+// forward's products: 4 rows 3.5 -> 3.1 ms).
+struct Lanes8 {
+    using I = __m256i;
+    static I zero() { return _mm256_setzero_si256(); }
+    static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+    static I group(const int8_t* p) { return _mm256_broadcastd_epi32(_mm_loadu_si32(p)); }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    static I dot(I acc, I w, I x) { return _mm256_dpbusd_epi32(acc, w, x); }
+#endif
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GUMIHO_Q4_PAIRS 1
+struct Lanes16 {
+    using I = __m512i;
+    static I zero() { return _mm512_setzero_si512(); }
+    static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+    static I group(const int8_t* p) {
+        int32_t bytes;
+        std::memcpy(&bytes, p, 4);
+        return _mm512_set1_epi32(bytes);
+    }
+    static I dot(I acc, I w, I x) { return _mm512_dpbusd_epi32(acc, w, x); }
+};
+#endif
+
+// For R input rows, sum over inputs of q_v * xq for the output rows v of the vectors' records: the 8 vectors of
+// nibbles times 4-byte groups of x, the rows' sums interleaved so that their chains overlap (integer sums: exact in
+// any order, so every width gives the same sums).
+template <typename L, int R>
+inline void dots(const typename L::I w[8], const int8_t* xq, int64_t K, typename L::I out[R]) {
+    const auto group = [&](int r, int g) { return L::group(xq + r * K + 4 * g); };
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     if constexpr (R > 4) {  // enough independent chains already (and registers for no more)
-        for (int r = 0; r < R; ++r) out[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], group(r, 0));
+        for (int r = 0; r < R; ++r) out[r] = L::dot(L::zero(), w[0], group(r, 0));
         for (int g = 1; g < 8; ++g)
-            for (int r = 0; r < R; ++r) out[r] = _mm256_dpbusd_epi32(out[r], w[g], group(r, g));
+            for (int r = 0; r < R; ++r) out[r] = L::dot(out[r], w[g], group(r, g));
         return;
     }
-    __m256i even[R], odd[R];
+    typename L::I even[R], odd[R];
     for (int r = 0; r < R; ++r) {
-        even[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], group(r, 0));
-        odd[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[1], group(r, 1));
+        even[r] = L::dot(L::zero(), w[0], group(r, 0));
+        odd[r] = L::dot(L::zero(), w[1], group(r, 1));
     }
     for (int g = 2; g < 8; g += 2) {
         for (int r = 0; r < R; ++r) {
-            even[r] = _mm256_dpbusd_epi32(even[r], w[g], group(r, g));
-            odd[r] = _mm256_dpbusd_epi32(odd[r], w[g + 1], group(r, g + 1));
+            even[r] = L::dot(even[r], w[g], group(r, g));
+            odd[r] = L::dot(odd[r], w[g + 1], group(r, g + 1));
         }
     }
-    for (int r = 0; r < R; ++r) out[r] = _mm256_add_epi32(even[r], odd[r]);
+    for (int r = 0; r < R; ++r) out[r] = L::add(even[r], odd[r]);
 #else
-    // Pairs of products in 16 bits: |15 * 127 * 2| * 8 groups = 30480 fits, so the sums are exact.
+    // Pairs of products in 16 bits: |15 * 127 * 2| * 8 groups = 30480 fits, so the sums are exact (Lanes8 only).
     __m256i pairs[R];
     for (int r = 0; r < R; ++r) pairs[r] = _mm256_maddubs_epi16(w[0], group(r, 0));
     for (int g = 1; g < 8; ++g)
@@ -111,7 +139,7 @@ void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const
             w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(chunk, 4), low);
         }
         __m256i sums[R];
-        dots<R>(w, xq + b * BLOCK, K, sums);
+        dots<Lanes8, R>(w, xq + b * BLOCK, K, sums);
         for (int r = 0; r < R; ++r) {
             const int64_t at = r * (K / BLOCK) + b;
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(dx[at])), acc[r]);
@@ -121,37 +149,7 @@ void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * N, acc[r]);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define GUMIHO_Q4_PAIRS 1
-// `dots` for two records side by side: 16 output rows, the first record's in the low half (the same exact integer
-// sums, half the instructions where 512-bit vectors run at full width).
-template <int R>
-inline void dots16(const __m512i w[8], const int8_t* xq, int64_t K, __m512i out[R]) {
-    const auto group = [&](int r, int g) {
-        int32_t bytes;
-        std::memcpy(&bytes, xq + r * K + 4 * g, 4);
-        return _mm512_set1_epi32(bytes);
-    };
-    if constexpr (R > 4) {
-        for (int r = 0; r < R; ++r) out[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], group(r, 0));
-        for (int g = 1; g < 8; ++g)
-            for (int r = 0; r < R; ++r) out[r] = _mm512_dpbusd_epi32(out[r], w[g], group(r, g));
-        return;
-    }
-    __m512i even[R], odd[R];
-    for (int r = 0; r < R; ++r) {
-        even[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], group(r, 0));
-        odd[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], group(r, 1));
-    }
-    for (int g = 2; g < 8; g += 2) {
-        for (int r = 0; r < R; ++r) {
-            even[r] = _mm512_dpbusd_epi32(even[r], w[g], group(r, g));
-            odd[r] = _mm512_dpbusd_epi32(odd[r], w[g + 1], group(r, g + 1));
-        }
-    }
-    for (int r = 0; r < R; ++r) out[r] = _mm512_add_epi32(even[r], odd[r]);
-}
-
+#ifdef GUMIHO_Q4_PAIRS
 inline __m512i two_chunks(const uint8_t* first, const uint8_t* second) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first))),
                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second)), 1);
@@ -182,7 +180,7 @@ void record_pair_rows(const uint8_t* first, const uint8_t* second, int64_t block
             w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low);
         }
         __m512i sums[R];
-        dots16<R>(w, xq + b * BLOCK, K, sums);
+        dots<Lanes16, R>(w, xq + b * BLOCK, K, sums);
         for (int r = 0; r < R; ++r) {
             const int64_t at = r * (K / BLOCK) + b;
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[at])), acc[r]);
@@ -265,32 +263,19 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records) {
                 const int64_t row = b * M + r, at = row * blocks;
                 const int8_t* xr = qp + row * K;
                 float* o = op + row * N + g * OUTS;
+                const int64_t rows = std::min<int64_t>(MAX_ROWS, M - r);
 #ifdef GUMIHO_Q4_PAIRS
                 if (width == 2) {
                     const uint8_t* next = rec + blocks * RECORD;
-                    switch (std::min<int64_t>(MAX_ROWS, M - r)) {
-                        case 1: record_pair_rows<1>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        case 2: record_pair_rows<2>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        case 3: record_pair_rows<3>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        case 4: record_pair_rows<4>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        case 5: record_pair_rows<5>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        case 6: record_pair_rows<6>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        case 7: record_pair_rows<7>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                        default: record_pair_rows<8>(rec, next, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    }
+                    with_rows(rows, [&](auto R) {
+                        record_pair_rows<decltype(R)::value>(rec, next, blocks, xr, dp + at, sp + at, K, o, N);
+                    });
                     continue;
                 }
 #endif
-                switch (std::min<int64_t>(MAX_ROWS, M - r)) {
-                    case 1: record_rows<1>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    case 2: record_rows<2>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    case 3: record_rows<3>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    case 4: record_rows<4>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    case 5: record_rows<5>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    case 6: record_rows<6>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    case 7: record_rows<7>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                    default: record_rows<8>(rec, blocks, xr, dp + at, sp + at, K, o, N); break;
-                }
+                with_rows(rows, [&](auto R) {
+                    record_rows<decltype(R)::value>(rec, blocks, xr, dp + at, sp + at, K, o, N);
+                });
             }
         }
     });

@@ -104,8 +104,8 @@ void rows_times_block_pairs(const int8_t* xq, const float* dx, int64_t K, const 
                 // x signed as w: -x where w < 0 (where w = 0, |w| = 0 makes the product 0, as sign_epi8's 0 does)
                 const __m512i signed_x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
                 const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, signed_x);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * blocks + b])),
-                                         acc[r]);
+                const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * blocks + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
             }
         }
         for (int r = 0; r < ROWS; ++r) {
@@ -142,30 +142,17 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
             const int8_t* xm = xq.data() + m * K;
             const float* dm = dx.data() + m * blocks;
             float* om = op + m * N;
+            const int64_t rows = std::min<int64_t>(MAX_ROWS, M - m);
             int64_t start = v0;
 #ifdef GUMIHO_Q8_PAIRS
             start = v0 + (v1 - v0) / 2 * 2;  // the pairs, then an odd output left over (256-bit code)
-            switch (std::min<int64_t>(MAX_ROWS, M - m)) {
-                case 1: rows_times_block_pairs<1>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                case 2: rows_times_block_pairs<2>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                case 3: rows_times_block_pairs<3>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                case 4: rows_times_block_pairs<4>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                case 5: rows_times_block_pairs<5>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                case 6: rows_times_block_pairs<6>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                case 7: rows_times_block_pairs<7>(xm, dm, K, qp, dp, v0, start, om, N); break;
-                default: rows_times_block_pairs<8>(xm, dm, K, qp, dp, v0, start, om, N); break;
-            }
+            with_rows(rows, [&](auto R) {
+                rows_times_block_pairs<decltype(R)::value>(xm, dm, K, qp, dp, v0, start, om, N);
+            });
 #endif
-            switch (std::min<int64_t>(MAX_ROWS, M - m)) {
-                case 1: rows_times_blocks<1>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                case 2: rows_times_blocks<2>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                case 3: rows_times_blocks<3>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                case 4: rows_times_blocks<4>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                case 5: rows_times_blocks<5>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                case 6: rows_times_blocks<6>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                case 7: rows_times_blocks<7>(xm, dm, K, qp, dp, start, v1, om, N); break;
-                default: rows_times_blocks<8>(xm, dm, K, qp, dp, start, v1, om, N); break;
-            }
+            with_rows(rows, [&](auto R) {
+                rows_times_blocks<decltype(R)::value>(xm, dm, K, qp, dp, start, v1, om, N);
+            });
         }
     });
     return out;

@@ -5,6 +5,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+
+// fn(std::integral_constant<int, R>{}) with R = rows, 1 to 8 (more count as 8): a kernel templated on its number of
+// input rows, called for a run-time count.
+template <typename F>
+inline void with_rows(int64_t rows, const F& fn) {
+    switch (rows) {
+        case 1: fn(std::integral_constant<int, 1>{}); break;
+        case 2: fn(std::integral_constant<int, 2>{}); break;
+        case 3: fn(std::integral_constant<int, 3>{}); break;
+        case 4: fn(std::integral_constant<int, 4>{}); break;
+        case 5: fn(std::integral_constant<int, 5>{}); break;
+        case 6: fn(std::integral_constant<int, 6>{}); break;
+        case 7: fn(std::integral_constant<int, 7>{}); break;
+        default: fn(std::integral_constant<int, 8>{}); break;
+    }
+}
 
 // One input row rounded to 8 bits per block of 32 (llama.cpp's Q8 activations): xq [K] int8 in [-127, 127], the
 // block's scale dx = absmax / 127 and, where `sx` is given, dx times the block's sum of xq (for weights with a
