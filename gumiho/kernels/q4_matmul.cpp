@@ -57,24 +57,40 @@ inline float half_to_float(uint16_t h) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// The integer vectors `dots` works in: one record's 8 output rows in 256 bits (Lanes8), or two records' 16 in 512
+// The vectors the products work in: one record's 8 output rows in 256 bits (Lanes8), or two records' 16 in 512
 // (Lanes16, built where AVX-512 has VNNI). Group g of input row r (4 bytes) goes to every lane, broadcast straight
 // from memory: a load, where a broadcast from a general register takes a vector unit (2-core Zen 4 EPYC, a
 // forward's products: 4 rows 3.5 -> 3.1 ms).
 struct Lanes8 {
     using I = __m256i;
+    using F = __m256;
     static I zero() { return _mm256_setzero_si256(); }
     static I add(I a, I b) { return _mm256_add_epi32(a, b); }
     static I group(const int8_t* p) { return _mm256_broadcastd_epi32(_mm_loadu_si32(p)); }
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     static I dot(I acc, I w, I x) { return _mm256_dpbusd_epi32(acc, w, x); }
 #endif
+    // A record's 8 fp16 numbers at `at`, as fp32; its 32 bytes at `at` (`next`, the second record's distance, is
+    // for Lanes16).
+    static F halves(const uint8_t* at, int64_t) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+    }
+    static I bytes(const uint8_t* at, int64_t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
+    static I low_nibbles(I x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0f)); }
+    static I high_nibbles(I x) { return low_nibbles(_mm256_srli_epi16(x, 4)); }
+    static F fzero() { return _mm256_setzero_ps(); }
+    static F convert(I x) { return _mm256_cvtepi32_ps(x); }
+    static F set1(float x) { return _mm256_set1_ps(x); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static void store(float* to, F x) { _mm256_storeu_ps(to, x); }
 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define GUMIHO_Q4_PAIRS 1
 struct Lanes16 {
     using I = __m512i;
+    using F = __m512;
     static I zero() { return _mm512_setzero_si512(); }
     static I add(I a, I b) { return _mm512_add_epi32(a, b); }
     static I group(const int8_t* p) {
@@ -83,6 +99,24 @@ struct Lanes16 {
         return _mm512_set1_epi32(bytes);
     }
     static I dot(I acc, I w, I x) { return _mm512_dpbusd_epi32(acc, w, x); }
+    // Two records side by side, the one at `at` in the low half and the one `next` bytes on in the high half.
+    static F halves(const uint8_t* at, int64_t next) {
+        return _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + next)), 1));
+    }
+    static I bytes(const uint8_t* at, int64_t next) {
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))),
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + next)), 1);
+    }
+    static I low_nibbles(I x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0f)); }
+    static I high_nibbles(I x) { return low_nibbles(_mm512_srli_epi16(x, 4)); }
+    static F fzero() { return _mm512_setzero_ps(); }
+    static F convert(I x) { return _mm512_cvtepi32_ps(x); }
+    static F set1(float x) { return _mm512_set1_ps(x); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static void store(float* to, F x) { _mm512_storeu_ps(to, x); }
 };
 #endif
 
@@ -122,77 +156,38 @@ inline void dots(const typename L::I w[8], const int8_t* xq, int64_t K, typename
 #endif
 }
 
-template <int R>
-void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
-                 int64_t K, float* out, int64_t N) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f);
+// The outputs of a record's 8 rows (Lanes8) or of two records' 16 (Lanes16, the second record `next` bytes after
+// the first) for R input rows: per block in order, one fp32 multiply and two fused multiply-adds per output, the
+// same operations whatever the width, so both widths give the same numbers bit for bit.
+template <typename L, int R>
+void record_rows(const uint8_t* records, int64_t next, int64_t blocks, const int8_t* xq, const float* dx,
+                 const float* sx, int64_t K, float* out, int64_t N) {
+    typename L::F acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = L::fzero();
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* rec = records + b * RECORD;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec)));
-        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16)));
-        __m256i w[8];
+        const typename L::F d = L::halves(rec, next), m = L::halves(rec + 16, next);
+        typename L::I w[8];
         for (int c = 0; c < 4; ++c) {
-            const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 + 32 * c));
-            w[c] = _mm256_and_si256(chunk, low);
-            w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(chunk, 4), low);
+            const typename L::I chunk = L::bytes(rec + 32 + 32 * c, next);
+            w[c] = L::low_nibbles(chunk);
+            w[c + 4] = L::high_nibbles(chunk);
         }
-        __m256i sums[R];
-        dots<Lanes8, R>(w, xq + b * BLOCK, K, sums);
+        typename L::I sums[R];
+        dots<L, R>(w, xq + b * BLOCK, K, sums);
         for (int r = 0; r < R; ++r) {
             const int64_t at = r * (K / BLOCK) + b;
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(dx[at])), acc[r]);
-            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[at]), acc[r]);
+            acc[r] = L::fmadd(L::convert(sums[r]), L::mul(d, L::set1(dx[at])), acc[r]);
+            acc[r] = L::fmadd(m, L::set1(sx[at]), acc[r]);
         }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * N, acc[r]);
+    for (int r = 0; r < R; ++r) L::store(out + r * N, acc[r]);
 }
-
-#ifdef GUMIHO_Q4_PAIRS
-inline __m512i two_chunks(const uint8_t* first, const uint8_t* second) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first))),
-                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second)), 1);
-}
-
-inline __m512 two_halves(const uint8_t* first, const uint8_t* second) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(second)), 1));
-}
-
-// `record_rows` for the records of two consecutive groups of 8 output rows (`first` and `second`, a block's
-// records each): per output the same operations as there, so the results are equal bit for bit.
-template <int R>
-void record_pair_rows(const uint8_t* first, const uint8_t* second, int64_t blocks, const int8_t* xq,
-                      const float* dx, const float* sx, int64_t K, float* out, int64_t N) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* r0 = first + b * RECORD;
-        const uint8_t* r1 = second + b * RECORD;
-        const __m512 d = two_halves(r0, r1), m = two_halves(r0 + 16, r1 + 16);
-        __m512i w[8];
-        for (int c = 0; c < 4; ++c) {
-            const __m512i chunk = two_chunks(r0 + 32 + 32 * c, r1 + 32 + 32 * c);
-            w[c] = _mm512_and_si512(chunk, low);
-            w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low);
-        }
-        __m512i sums[R];
-        dots<Lanes16, R>(w, xq + b * BLOCK, K, sums);
-        for (int r = 0; r < R; ++r) {
-            const int64_t at = r * (K / BLOCK) + b;
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[at])), acc[r]);
-            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[at]), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * N, acc[r]);
-}
-#endif
 #else
-template <int R>
-void record_rows(const uint8_t* records, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
+struct Lanes8 {};  // plain C++: one record at a time
+
+template <typename L, int R>
+void record_rows(const uint8_t* records, int64_t, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
                  int64_t K, float* out, int64_t N) {
     for (int r = 0; r < R; ++r) {
         float acc[OUTS] = {0.f};
@@ -266,15 +261,15 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records) {
                 const int64_t rows = std::min<int64_t>(MAX_ROWS, M - r);
 #ifdef GUMIHO_Q4_PAIRS
                 if (width == 2) {
-                    const uint8_t* next = rec + blocks * RECORD;
-                    with_rows(rows, [&](auto R) {
-                        record_pair_rows<decltype(R)::value>(rec, next, blocks, xr, dp + at, sp + at, K, o, N);
+                    with_rows(rows, [&](auto R) {  // the next group's records follow this group's
+                        record_rows<Lanes16, decltype(R)::value>(rec, blocks * RECORD, blocks, xr, dp + at, sp + at,
+                                                                 K, o, N);
                     });
                     continue;
                 }
 #endif
                 with_rows(rows, [&](auto R) {
-                    record_rows<decltype(R)::value>(rec, blocks, xr, dp + at, sp + at, K, o, N);
+                    record_rows<Lanes8, decltype(R)::value>(rec, 0, blocks, xr, dp + at, sp + at, K, o, N);
                 });
             }
         }
