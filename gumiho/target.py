@@ -25,6 +25,7 @@ from .gguf_blocks import q4_1_blocks
 from .int4 import CastMatrix, Int4Matrix, Q8Matrix, int4_available, quantize_linears
 from .kernels import q8_matmul
 from .drafters.base import FeatureDrafter
+from .drafters.frequency import FREQUENT_DRAFT_VOCAB
 from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
@@ -270,7 +271,9 @@ class Target:
     def prepare_drafter(self, drafter):
         """Attach `drafter` to this target (its embedding and lm_head, its dtype) and give it the same kind of
         matmuls for inference: oneDNN-packed fp32 where `pack`, 4-bit on the int4 path (its draft head included:
-        a draft only has to rank tokens, never to match the target's logits). Returns it in eval mode."""
+        a draft only has to rank tokens, never to match the target's logits), proposing from its most frequent
+        draft-vocabulary ids where its folder counts them (drafters/frequency.py). Returns it in eval mode."""
+        drafter.keep_frequent(FREQUENT_DRAFT_VOCAB, self.eos_ids)
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
         unread: tuple[torch.nn.Module, ...] = ()  # modules inference never runs: no 4-bit or packed copy for them
         if isinstance(drafter, FeatureDrafter):

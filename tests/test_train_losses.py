@@ -11,7 +11,7 @@ from gumiho.train.batches import Batch, plan_batches
 from gumiho.train.losses import feature_loss, head_weights, soft_cross_entropy
 from gumiho.drafters.layers import KVCache
 from gumiho.train.objective import LossWeights, batch_losses, unrolled_outputs
-from gumiho.train.trainer import frequency_vocab, lr_lambda
+from gumiho.train.trainer import assistant_counts, frequency_vocab, lr_lambda
 from gumiho.train.features import Sequence
 from tests.conftest import random_drafter, tiny_target
 
@@ -51,7 +51,7 @@ def test_plan_batches_respects_token_budget():
 
 def test_frequency_vocab_ranks_assistant_tokens():
     seq = Sequence(torch.tensor([9, 9, 5, 5, 5, 7, 3]), torch.tensor([1, 1, 1, 1, 1, 1, 0]).bool(), torch.zeros(7, 2))
-    ids, coverage = frequency_vocab([seq], size=2, vocab_size=10, always={3})
+    ids, coverage = frequency_vocab(assistant_counts([seq], vocab_size=10), size=2, always={3})
     assert ids.tolist() == [3, 5]  # 3 is forced in although masked; 5 is the most frequent assistant token
     assert coverage == pytest.approx(3 / 6)
 

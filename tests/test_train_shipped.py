@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from gumiho.drafters import Drafter
+from gumiho.drafters.frequency import FREQUENT_DRAFT_VOCAB
 from gumiho.engine import GenerationConfig
 from gumiho.loader import SHIPPED
 from gumiho.target import DEFAULT_MODEL
@@ -49,6 +50,20 @@ def test_shipped_drafter_files_fit_the_default_target(kind):
     shared = torch.zeros(DEFAULT_SHAPE["vocab_size"], DEFAULT_SHAPE["hidden_size"])
     drafter.attach(shared, shared)  # raises if the shapes do not fit
     assert drafter.head_weight.shape == (vocab.numel(), DEFAULT_SHAPE["hidden_size"])
+    # Their ranking (python -m gumiho.train frequency): every id counted in ShareGPT's replies but a few
+    assert drafter.vocab_counts is not None and drafter.vocab_counts.shape == vocab.shape
+    assert (drafter.vocab_counts > 0).float().mean() > 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_shipped_drafters_propose_from_their_most_frequent_ids(smollm, kind):
+    _folder(kind)
+    drafter, shipped = smollm.drafters[kind], Drafter.from_pretrained(_folder(kind))
+    assert drafter.config.draft_vocab_size == FREQUENT_DRAFT_VOCAB == drafter.draft_vocab.numel()
+    assert smollm.target.tokenizer.convert_tokens_to_ids("<|im_end|>") in drafter.draft_vocab.tolist()
+    rare = shipped.draft_vocab[shipped.vocab_counts < drafter.vocab_counts.min()]
+    assert rare.numel() > 0 and not torch.isin(rare, drafter.draft_vocab).any()
 
 
 @pytest.mark.slow

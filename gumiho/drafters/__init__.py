@@ -39,8 +39,8 @@ def weights_kind(method: str) -> str:
 
 
 def for_method(drafter: Drafter, method: str) -> Drafter:
-    """`drafter` as the drafter of `method`: itself, or its weights in the method's class (EAGLE-1 from an
-    EAGLE-2 drafter), with the method's own acceptance statistics."""
+    """`drafter` as the drafter of `method`: itself, or its weights (and vocabulary counts) in the method's class
+    (EAGLE-1 from an EAGLE-2 drafter), with the method's own acceptance statistics."""
     if method not in BORROWED or drafter.kind == method:
         return drafter
     cls = BORROWED[method]
@@ -49,6 +49,7 @@ def for_method(drafter: Drafter, method: str) -> Drafter:
     config = replace(drafter.config, kind=method)
     twin = cls(config)
     twin.load_state_dict(drafter.state_dict())
+    twin.vocab_counts = drafter.vocab_counts
     twin.acceptance = drafter.acceptance_for.get(method)
     return twin.eval()
 

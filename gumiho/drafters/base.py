@@ -33,6 +33,7 @@ from ..trace import JointCheck
 from ..tree import DraftPool, DraftTree, TreeSettings
 from ..verify import Acceptance as Verdict, LazyLogits, verify
 from .config import DrafterConfig
+from .frequency import most_frequent, read_counts, write_counts
 from .layers import DraftTransformer, KVCache, lean_stack
 
 
@@ -54,6 +55,7 @@ class Drafter(nn.Module):
             self.draft_vocab = None
         self.embed_weight: torch.Tensor | None = None
         self.head_weight: torch.Tensor | None = None
+        self.vocab_counts: torch.Tensor | None = None  # how often each draft-vocabulary id occurs (frequency.py)
         self.acceptance: Acceptance | None = None  # calibration statistics for automatic trees (choice.py)
         self.acceptance_for: dict[str, Acceptance] = {}  # those of methods drafting with these weights (EAGLE-1)
 
@@ -85,6 +87,18 @@ class Drafter(nn.Module):
         self.draft_vocab = None
         self.config.draft_vocab_size = 0
         return self
+
+    def keep_frequent(self, keep: int, always: set[int] = frozenset()) -> None:
+        """Propose from the `keep` most frequent ids of the draft vocabulary only, `always` (the end tokens) among
+        them (FR-Spec; where the folder ships their counts and the vocabulary is larger). Drafts are only
+        proposals, so exactness is untouched; the draft head gets cheaper. Call before `attach`."""
+        if self.vocab_counts is None or self.draft_vocab is None or keep >= self.draft_vocab.numel():
+            return
+        ranking = self.vocab_counts.clone()
+        ranking[torch.isin(self.draft_vocab, torch.tensor(sorted(always), dtype=torch.long))] = ranking.max() + 1
+        kept = most_frequent(ranking, keep)
+        self.draft_vocab, self.vocab_counts = self.draft_vocab[kept], self.vocab_counts[kept]
+        self.config.draft_vocab_size = keep
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(tokens, self.embed_weight)
@@ -163,6 +177,8 @@ class Drafter(nn.Module):
         state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
                  for k, v in self.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"))
+        if self.vocab_counts is not None:  # carried over from the drafter this one was trained from
+            write_counts(folder, self.vocab_counts)
 
     @classmethod
     def from_config(cls, config: DrafterConfig) -> Drafter:
@@ -188,6 +204,8 @@ class Drafter(nn.Module):
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise GumihoError(f"{folder} does not match a {config.kind} drafter (missing {missing}, unexpected {unexpected})")
+        if model.draft_vocab is not None:
+            model.vocab_counts = read_counts(folder, model.draft_vocab.numel())
         model.acceptance = Acceptance.load(folder)
         model.acceptance_for = {m: a for m in borrowed_methods(folder) if (a := Acceptance.load(folder, m))}
         return model.eval()

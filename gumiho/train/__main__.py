@@ -6,6 +6,7 @@
     python -m gumiho.train --drafter eagle2|gumiho|medusa|hydra --data DIR --out RUN ...  # train (resumable)
     python -m gumiho.train eval --drafter-dir FOLDER --heldout DIR [--mt-bench N] ...     # accuracy and tau
     python -m gumiho.train ship --run RUN --dest FOLDER                                   # fp16 drafter + model card
+    python -m gumiho.train frequency --drafter-dir FOLDER ...                             # rank the draft vocabulary
 """
 
 from __future__ import annotations
@@ -206,8 +207,45 @@ def ship_main(argv: list[str]) -> int:
     return 0
 
 
+def frequency_main(argv: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    from ..drafters.base import Drafter
+    from ..drafters.frequency import write_counts
+    from ..target import model_folder
+    from .data import load_conversations, reply_counts, split
+
+    parser = OneLineParser(prog="python -m gumiho.train frequency",
+                           description="count the draft-vocabulary ids of drafter folders in assistant replies "
+                                       "(ShareGPT's training side by default) and write vocab_frequency.safetensors "
+                                       "beside each: at inference a drafter proposes from its most frequent ids")
+    parser.add_argument("--drafter-dir", nargs="+", required=True, help="drafter folders (ours, with a draft vocabulary)")
+    parser.add_argument("--conversations", type=int, default=20000, help="first conversations of the training side")
+    parser.add_argument("--data", default="", help="ShareGPT JSON or conversations .jsonl (default: the package's)")
+    parser.add_argument("--model", help="target model folder or Hub id, for its tokenizer (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--heldout-percent", type=float, default=2.0, help="as prepare's: the split's held-out share")
+    args = parser.parse_args(argv)
+    if args.conversations < 1:
+        raise GumihoError(f"--conversations must be at least 1, not {args.conversations}")
+    drafters = {folder: Drafter.from_pretrained(folder) for folder in args.drafter_dir}
+    for folder, drafter in drafters.items():
+        if drafter.draft_vocab is None:
+            raise GumihoError(f"{folder} proposes from the whole vocabulary: there is no draft vocabulary to rank")
+    tokenizer = AutoTokenizer.from_pretrained(model_folder(args.model))
+    train, _ = split(load_conversations(args.data or None), args.heldout_percent)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() \
+        else tokenizer.eos_token_id
+    counts = reply_counts(train[: args.conversations], tokenizer, end)
+    for folder, drafter in drafters.items():
+        kept = counts[drafter.draft_vocab]
+        path = write_counts(Path(folder), kept)
+        print(f"{path}: {int(counts.sum())} reply tokens of {min(args.conversations, len(train))} conversations, "
+              f"{100 * kept.sum().item() / max(counts.sum().item(), 1):.1f}% of them in the draft vocabulary")
+    return 0
+
+
 COMMANDS = {"prepare": prepare_main, "refeature": refeature_main, "prompts": prompts_main, "eval": eval_main,
-            "ship": ship_main}
+            "ship": ship_main, "frequency": frequency_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import GumihoError
@@ -211,3 +212,18 @@ def render(conversation: Conversation, tokenizer: PreTrainedTokenizerBase, max_l
         return None
     return Rendered(id=conversation.id, input_ids=ids, loss_mask=mask)
 
+
+
+def reply_counts(conversations: list[Conversation], tokenizer: PreTrainedTokenizerBase,
+                 end_id: int | None) -> torch.Tensor:
+    """How often each token id occurs in the assistant replies ([vocabulary] int64): each reply's text tokenized
+    alone, plus one end-of-turn token (`end_id`, where the tokenizer has one) per reply, as the chat template
+    closes it."""
+    counts = torch.zeros(len(tokenizer), dtype=torch.long)
+    replies = [m["content"] for c in conversations for m in c.messages if m["role"] == "assistant"]
+    for start in range(0, len(replies), 256):
+        for ids in tokenizer(replies[start:start + 256], add_special_tokens=False)["input_ids"]:
+            counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=len(counts))
+    if end_id is not None:
+        counts[end_id] += len(replies)
+    return counts

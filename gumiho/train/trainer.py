@@ -89,10 +89,9 @@ def coverage_of(ids: torch.Tensor, counts: torch.Tensor) -> float:
     return counts[ids].sum().item() / max(counts.sum().item(), 1)
 
 
-def frequency_vocab(sequences: list[Sequence], size: int, vocab_size: int, always: set[int]) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent assistant tokens (plus `always`), sorted by id; and the share of assistant tokens
-    they cover."""
-    counts = assistant_counts(sequences, vocab_size)
+def frequency_vocab(counts: torch.Tensor, size: int, always: set[int]) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent assistant tokens (`counts`, plus `always`), sorted by id; and the share of assistant
+    tokens they cover."""
     ranking = counts.clone()
     ranking[list(always)] = ranking.max() + 1
     ids = torch.topk(ranking, size).indices
@@ -118,7 +117,8 @@ def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]
         if drafter.kind != config.drafter:
             raise GumihoError(f"--init {config.init} is a {drafter.kind} drafter, not {config.drafter}")
         if config.blocks:
-            drafter = drafter.grown(config.blocks)
+            counts, drafter = drafter.vocab_counts, drafter.grown(config.blocks)
+            drafter.vocab_counts = counts
         coverage = 1.0 if drafter.draft_vocab is None else coverage_of(drafter.draft_vocab,
                                                                         assistant_counts(sequences, vocab_size))
     else:
@@ -128,8 +128,10 @@ def build_drafter(config: TrainConfig, target: Target, sequences: list[Sequence]
                               target=target.name, **shape)
         coverage = 1.0
         if size:
-            ids, coverage = frequency_vocab(sequences, size, vocab_size, target.eos_ids)
+            counts = assistant_counts(sequences, vocab_size)
+            ids, coverage = frequency_vocab(counts, size, target.eos_ids)
             drafter.draft_vocab.copy_(ids)
+            drafter.vocab_counts = counts[ids]  # written beside the weights: inference keeps the most frequent
     # Trained in fp32 whatever the target's dtype; the shared weights are frozen plain tensors, not parameters.
     drafter.attach(target.embed_weight.float(), target.head_weight.float())
     return drafter, coverage
