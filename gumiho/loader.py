@@ -10,6 +10,7 @@ from typing import Callable
 from .choice import choose
 from .drafters import DRAFTERS, WEIGHT_FREE, Drafter, new_drafter, weight_free, weights_kind
 from .drafters.checkpoint import load_drafter
+from .drafters.frequency import FREQUENT_DRAFT_VOCAB
 from .engine import Engine
 from .errors import GumihoError
 from .profile import ExecPath, bf16_units, cached_profile, load_or_measure, target_for
@@ -52,7 +53,10 @@ def load_drafters(target: Target, model: str | None, drafters: dict[str, str | N
             continue
         path = folder or shipped_drafter(model, method)
         if path is not None:  # our folder format or an official checkpoint, local or a Hub id
-            out[method] = load_drafter(str(path), method, target.embed_weight, target.model.config), str(path)
+            drafter = load_drafter(str(path), method, target.embed_weight, target.model.config)
+            # As Target.prepare_drafter will: before the machine profile, whose draft timings are keyed by its size
+            drafter.keep_frequent(FREQUENT_DRAFT_VOCAB, target.eos_ids)
+            out[method] = drafter, str(path)
         else:
             log.warning("no trained %s drafter for %s: using random weights (exact, but nothing gets accepted)",
                         method, target.name)

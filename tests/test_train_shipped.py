@@ -11,7 +11,8 @@ from safetensors import safe_open
 from gumiho.drafters import Drafter
 from gumiho.drafters.frequency import FREQUENT_DRAFT_VOCAB
 from gumiho.engine import GenerationConfig
-from gumiho.loader import SHIPPED
+from gumiho.loader import SHIPPED, load_drafters
+from gumiho.profile import drafter_key
 from gumiho.target import DEFAULT_MODEL
 
 # SmolLM2-135M-Instruct (its config.json): the shape every drafter for it must have.
@@ -64,6 +65,9 @@ def test_shipped_drafters_propose_from_their_most_frequent_ids(smollm, kind):
     assert smollm.target.tokenizer.convert_tokens_to_ids("<|im_end|>") in drafter.draft_vocab.tolist()
     rare = shipped.draft_vocab[shipped.vocab_counts < drafter.vocab_counts.min()]
     assert rare.numel() > 0 and not torch.isin(rare, drafter.draft_vocab).any()
+    # Loaded trimmed, so that the machine profile times (and keys) the draft the engine will run
+    loaded, _ = load_drafters(smollm.target, None, {kind: None})[kind]
+    assert f":v{FREQUENT_DRAFT_VOCAB}:" in drafter_key(loaded)
 
 
 @pytest.mark.slow
