@@ -115,6 +115,14 @@ class LayerWeights:
     down: Matrix
 
 
+def float_matrix(dtype: torch.dtype) -> Callable[[torch.Tensor], PackedMatrix | CastMatrix]:
+    """Products with a float weight in `dtype`, as the int4 path's long prompts take them: fp32 as it is, unpacked;
+    another dtype a copy that the fp32 activations are cast to."""
+    if dtype == torch.float32:
+        return lambda weight: PackedMatrix(weight, pack=False)
+    return lambda weight: CastMatrix(weight, dtype)
+
+
 def prefill_choice(times: dict[torch.dtype | None, tuple[float, float]]) -> tuple[torch.dtype | None, int]:
     """From the times of one layer's products at the two PREFILL_ROWS counts, per float dtype and for the 4-bit
     weights (key None): the dtype fastest at the longer count and the prompt length from which it beats 4 bits, or
@@ -140,12 +148,22 @@ class DecoderStack:
         self.inv_freq, self.rope_scale = inv_freq.float().to(device), rope_scale
         self.dtype, self.device = dtype, device
         self.kv_dtype = dtype  # what the cache stores (LeanLlama's int4 path: fp16)
+        # A long prompt's weights (`prompt_layers`): on the int4 path, float ones where measured faster than 4 bits.
+        self.prefill_layers: list[LayerWeights] | None = None
+        self.prefill_from, self.prefill_attention = 0, torch.float32
         self._cos = self._sin = torch.empty(0)
         # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
         # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
         consistent = device.type == "cpu" and dtype == torch.float32 and head_dim % 16 == 0
         self.row_attention = row_attention() if consistent else None
         self.row_ops = row_ops() if consistent else None  # the same rows' norms and gated product, one call each
+
+    def prompt_layers(self, n: int) -> tuple[list[LayerWeights], torch.dtype | None]:
+        """The weights a prompt of n tokens goes through, and the dtype of its causal attention (None: the stack's):
+        `prefill_layers` from `prefill_from` tokens on, where set, else the stack's own."""
+        if self.prefill_layers is not None and n >= self.prefill_from:
+            return self.prefill_layers, self.prefill_attention
+        return self.layers, None
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device, capacity, batch)
@@ -219,14 +237,15 @@ class DecoderStack:
         return out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, cache: StaticCache, mask: torch.Tensor | None = None,
-            prefill: bool = False, layers: list[LayerWeights] | None = None,
-            causal_dtype: torch.dtype | None = None) -> torch.Tensor:
+            prefill: bool = False) -> torch.Tensor:
         """The layers' output [batch, n, hidden] (before any final norm) for inputs x [batch, n, hidden] at
         `positions` [batch, n]; their KV go to `cache` at [length, length + n). `mask` [batch, n, past + n] bool
-        (True = attend) or None for causal; `prefill`: a prompt from an empty cache may take SDPA's causal attention,
-        computed in `causal_dtype` where given (the cache keeps its own, `kv_dtype`)."""
+        (True = attend) or None for causal; `prefill`: a prompt's tokens, which go through `prompt_layers`, and from
+        an empty cache may take SDPA's causal attention, in the dtype `prompt_layers` names (the cache keeps its
+        own, `kv_dtype`). A decode step or a tree never does, so that every verified row is computed as a one-token
+        step would be."""
         b, n = x.shape[:2]
-        layers = self.layers if layers is None else layers
+        layers, causal_dtype = self.prompt_layers(n) if prefill else (self.layers, None)
         past = cache.length
         cache.reserve(past + n)
         total = past + n
@@ -295,11 +314,10 @@ class LeanLlama(DecoderStack):
                 self.kv_dtype = torch.float16
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits,
             # and its causal attention in the dtype measured fastest.
-            self.prefill_dtype, self.prefill_from, self.prefill_attention = None, 0, torch.float32
+            self.prefill_dtype: torch.dtype | None = None
             if int4 is not None:
                 self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
                     decoder.layers[0], prefill_file)
-            self.prefill_layers: list[LayerWeights] | None = None
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
                                                                                              *linears))
@@ -443,15 +461,10 @@ class LeanLlama(DecoderStack):
         `mask` [n, past + n] bool (True = attend) for a tree; None means causal. A batch of sequences (one cache
         row each) passes tokens and positions [batch, n], a mask [batch, n, past + n] or None, and gets
         [batch, n, hidden]. `prefill`: a prompt's tokens, which on the int4 path (from `prefill_from` of them, where
-        measured faster) go through the float weights, their causal attention in `prefill_attention`; a decode step
-        or a tree never does, so that every
-        verified row is computed as a one-token step would be.
+        measured faster) go through the float weights, their causal attention in `prefill_attention` (`run`).
         """
         if tokens.dim() == 1:
             return self.forward(tokens[None], positions[None], cache, None if mask is None else mask[None],
                                 prefill)[0]
-        layers, causal_dtype = self.layers, None
-        if prefill and self.prefill_layers is not None and tokens.shape[1] >= self.prefill_from:
-            layers, causal_dtype = self.prefill_layers, self.prefill_attention
-        x = self.run(F.embedding(tokens, self.embed), positions, cache, mask, prefill, layers, causal_dtype)
+        x = self.run(F.embedding(tokens, self.embed), positions, cache, mask, prefill)
         return self._rms(x, self.norm, self.row_kernels(tokens.shape[1], prefill)[1])

@@ -271,13 +271,18 @@ class Target:
     def prepare_drafter(self, drafter):
         """Attach `drafter` to this target (its embedding and lm_head, its dtype) and give it the same kind of
         matmuls for inference: oneDNN-packed fp32 where `pack`, 4-bit on the int4 path (its draft head included:
-        a draft only has to rank tokens, never to match the target's logits), proposing from its most frequent
-        draft-vocabulary ids where its folder counts them (drafters/frequency.py). Returns it in eval mode."""
+        a draft only has to rank tokens, never to match the target's logits; a long prompt's pass through its layers
+        takes the target's prefill weights), proposing from its most frequent draft-vocabulary ids where its folder
+        counts them (drafters/frequency.py). Returns it in eval mode."""
         drafter.keep_frequent(FREQUENT_DRAFT_VOCAB, self.eos_ids)
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
         unread: tuple[torch.nn.Module, ...] = ()  # modules inference never runs: no 4-bit or packed copy for them
         if isinstance(drafter, FeatureDrafter):
-            drafter.use_lean(Int4Matrix.quantize if self.int4 else lambda weight: PackedMatrix(weight, pack=self.pack))
+            lean = self._lean
+            prompts = (lean.prefill_dtype, lean.prefill_from, lean.prefill_attention) \
+                if self.int4 and lean.prefill_dtype is not None else None
+            drafter.use_lean(Int4Matrix.quantize if self.int4 else lambda weight: PackedMatrix(weight, pack=self.pack),
+                             prompts)
             unread = (drafter.transformer.layers,)  # the stack holds their products now
         if self.int4:
             quantize_linears(drafter, unread)

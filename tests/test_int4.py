@@ -129,6 +129,42 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
         assert run.token_ids == ar.token_ids, method
 
 
+@pytest.mark.parametrize("dtype, within", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_a_drafters_pass_over_a_long_prompt_takes_the_targets_prefill_weights(monkeypatch, dtype, within):
+    """A drafter's first cycle runs its layers over the whole prompt: from the target's `prefill_from` tokens on,
+    that pass takes the float weights in the target's prefill dtype too, so its output is the drafter modules' own
+    (to float or bf16 rounding, relative to its largest value), not the 4-bit products'; a shorter prompt stays on
+    the 4-bit products."""
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0], torch.float32))
+    engine = tiny_int4_engine(4)
+    target = engine.target
+    ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 8,), generator=torch.Generator().manual_seed(4))
+    features = target.features(ids, target.new_cache(), prefill=True)
+    tokens = torch.cat([ids[1:], ids[:1]])
+    for kind in ("eagle2", "gumiho"):
+        drafter = engine.drafters[kind]
+        assert drafter.lean.prefill_layers is not None and drafter.lean.prefill_from == PREFILL_ROWS[0]
+
+        def last_output(n: int) -> torch.Tensor:
+            drafter.reset()
+            return drafter.advance(features[:n], tokens[:n])
+
+        def error(output: torch.Tensor, n: int) -> float:  # against the drafter's float modules, as training runs them
+            with torch.no_grad():
+                fused = drafter.transformer.fuse(drafter.embed(tokens[:n]), features[:n])
+                reference = drafter.transformer(fused[None], torch.arange(n), None, None)[0, -1]
+            return ((output - reference).abs().max() / reference.abs().max()).item()
+
+        long, short = len(ids), PREFILL_ROWS[0] - 1
+        assert error(last_output(long), long) < within, kind
+        prompt_layers, drafter.lean.prefill_layers = drafter.lean.prefill_layers, None
+        four_bit_long, four_bit_short = last_output(long), last_output(short)
+        drafter.lean.prefill_layers = prompt_layers
+        assert torch.equal(last_output(short), four_bit_short), kind
+        if dtype == torch.float32:
+            assert error(four_bit_long, long) > within, kind
+
+
 def test_a_prompt_takes_the_float_weights_from_where_they_beat_4_bits():
     from gumiho.llama import prefill_choice
 

@@ -147,13 +147,12 @@ class DraftTransformer(nn.Module):
         return x
 
 
-def lean_stack(transformer: DraftTransformer, config: DrafterConfig,
-               matrix: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> DecoderStack:
-    """The draft layers for inference as the target's lean forward runs its own (llama.DecoderStack): q, k and v
-    one product, gate and up one product (`matrix(stacked weight)`: 4-bit on the int4 path, else float), a
-    pre-allocated KV cache, and the row-consistent attention for the few rows of a draft step. On a CPU a draft
-    step's products are small and what surrounds them (module calls, a cache grown by concatenation, SDPA with a
-    boolean mask) cost more than they do. The modules stay for training; the files are unchanged."""
+Matrix = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+
+def lean_layers(transformer: DraftTransformer, matrix: Matrix) -> list[LayerWeights]:
+    """The draft layers' weights as llama.DecoderStack reads them: q, k and v one product, gate and up one product,
+    each made by `matrix(stacked weight)`."""
 
     def weights(layer: DecoderLayer) -> LayerWeights:
         attn = layer.self_attn
@@ -166,9 +165,18 @@ def lean_stack(transformer: DraftTransformer, config: DrafterConfig,
             down=matrix(layer.down_proj.weight.detach()),
         )
 
+    return [weights(layer) for layer in transformer.layers]
+
+
+def lean_stack(transformer: DraftTransformer, config: DrafterConfig, matrix: Matrix) -> DecoderStack:
+    """The draft layers for inference as the target's lean forward runs its own (llama.DecoderStack): `lean_layers`
+    (`matrix`: 4-bit on the int4 path, else float), a pre-allocated KV cache, and the row-consistent attention for
+    the few rows of a draft step. On a CPU a draft step's products are small and what surrounds them (module calls,
+    a cache grown by concatenation, SDPA with a boolean mask) cost more than they do. The modules stay for
+    training; the files are unchanged."""
     attn, weight = transformer.layers[0].self_attn, transformer.fc.weight
     inv_freq = 1.0 / (attn.theta ** (torch.arange(0, attn.head_dim, 2, dtype=torch.float32) / attn.head_dim))
-    return DecoderStack([weights(layer) for layer in transformer.layers], attn.heads, attn.kv_heads, attn.head_dim,
+    return DecoderStack(lean_layers(transformer, matrix), attn.heads, attn.kv_heads, attn.head_dim,
                         config.rms_norm_eps, inv_freq, 1.0, weight.dtype, weight.device)
 
 
