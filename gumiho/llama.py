@@ -115,7 +115,7 @@ class LayerWeights:
     down: Matrix
 
 
-def float_matrix(dtype: torch.dtype) -> Callable[[torch.Tensor], PackedMatrix | CastMatrix]:
+def float_matrix(dtype: torch.dtype) -> Callable[[torch.Tensor], Matrix]:
     """Products with a float weight in `dtype`, as the int4 path's long prompts take them: fp32 as it is, unpacked;
     another dtype a copy that the fp32 activations are cast to."""
     if dtype == torch.float32:

@@ -33,7 +33,7 @@ from ..tree import DraftPool, DraftTree, TreeSettings
 from ..verify import Acceptance as Verdict, LazyLogits, verify
 from .config import DrafterConfig
 from .frequency import most_frequent, read_counts, write_counts
-from .layers import DraftTransformer, KVCache, Matrix, lean_layers, lean_stack
+from .layers import DraftTransformer, KVCache, MakeMatrix, lean_layers, lean_stack
 
 
 FUSED_TOP_K = 32  # the widest top-k taken in one pass (kernels/rows.cpp keeps it by insertion); MJSD's wider ones
@@ -221,7 +221,7 @@ class FeatureDrafter(Drafter):
         self.lean: DecoderStack | None = None
         self.cache: KVCache | StaticCache = KVCache(config.num_layers)
 
-    def use_lean(self, matrix: Matrix, prompts: tuple[torch.dtype, int, torch.dtype] | None = None) -> None:
+    def use_lean(self, matrix: MakeMatrix, prompts: tuple[torch.dtype, int, torch.dtype] | None = None) -> None:
         """Run the draft layers as the target's lean forward runs its own (`layers.lean_stack`), their products made
         by `matrix(weight)`. For an inference copy: the modules' weights are no longer read at inference.
 

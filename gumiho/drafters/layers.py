@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..int4 import Int4Stack
-from ..llama import DecoderStack, LayerWeights
+from ..llama import DecoderStack, LayerWeights, Matrix
 from .config import DrafterConfig
 from .heads import int4_blocks, linear_bias, residual_blocks
 
@@ -147,10 +147,10 @@ class DraftTransformer(nn.Module):
         return x
 
 
-Matrix = Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+MakeMatrix = Callable[[torch.Tensor], Matrix]  # a weight -> its products (4-bit, packed or cast)
 
 
-def lean_layers(transformer: DraftTransformer, matrix: Matrix) -> list[LayerWeights]:
+def lean_layers(transformer: DraftTransformer, matrix: MakeMatrix) -> list[LayerWeights]:
     """The draft layers' weights as llama.DecoderStack reads them: q, k and v one product, gate and up one product,
     each made by `matrix(stacked weight)`."""
 
@@ -168,7 +168,7 @@ def lean_layers(transformer: DraftTransformer, matrix: Matrix) -> list[LayerWeig
     return [weights(layer) for layer in transformer.layers]
 
 
-def lean_stack(transformer: DraftTransformer, config: DrafterConfig, matrix: Matrix) -> DecoderStack:
+def lean_stack(transformer: DraftTransformer, config: DrafterConfig, matrix: MakeMatrix) -> DecoderStack:
     """The draft layers for inference as the target's lean forward runs its own (llama.DecoderStack): `lean_layers`
     (`matrix`: 4-bit on the int4 path, else float), a pre-allocated KV cache, and the row-consistent attention for
     the few rows of a draft step. On a CPU a draft step's products are small and what surrounds them (module calls,
