@@ -18,7 +18,7 @@ from gumiho.bench.datasets import DATASETS, DEFAULT_DIR, load_questions
 from gumiho.acceptance import Acceptance
 from gumiho.bench.harness import BenchSettings, make_variants, run_bench
 from gumiho.bench.metrics import acceptance_counts, add_speedups, prefix_agreement, prompt_row, summarize
-from gumiho.bench.reference import TransformersReference
+from gumiho.bench.reference import References
 from gumiho.calibrate import accepted_prefix_ranks, calibrate
 from gumiho.engine import GenerationConfig
 from gumiho.profile import widest_tree
@@ -300,7 +300,7 @@ def test_run_matrix_both_turns_temperatures_and_seeds(tmp_path):
 
 def test_plain_transformers_generate_rows_equal_ar_and_give_vs_transformers():
     engine = tiny_engine(seed=4)
-    reference = TransformersReference(engine.target, None)  # the tiny model has no folder to load from
+    reference = References(engine.target, None)  # the tiny model has no folder to load from
     trees = {m: TreeSettings.default(m) for m in ("eagle2", "gumiho")}
     variants = make_variants(["transformers", "ar", "gumiho"], trees, "float32")
     assert [v.name for v in variants] == ["transformers-fp32", "ar", "gumiho"]
@@ -333,6 +333,7 @@ def test_plain_transformers_generate_rows_equal_ar_and_give_vs_transformers():
     (["--datasets", "/nonexistent/x.jsonl"], "cannot read dataset"),
     (["--datasets", "gsm8k", "mt_bench", "gsm8k"], "dataset 'gsm8k' is given twice"),
     (["--status", "--name", "never-ran"], "no run in progress at"),
+    (["--methods", "ar", "llama.cpp", "--model", "some/other-model"], "llama.cpp"),
 ])
 def test_bad_input_is_one_line_on_stderr(capsys, args, message):
     try:

@@ -21,6 +21,8 @@ from ..errors import GumihoError
 from .datasets import DATASETS, DEFAULT_DIR
 from ..drafters import weights_kind
 from .harness import DEFAULT_VARIANTS, DRAFTED, VARIANTS, BenchSettings, make_variants
+from .reference import LLAMA_CPP, check_llama_cpp, llama_cpp_problem
+from ..target import DEFAULT_MODEL
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
 QUICK = {"limit": 4, "max_new_tokens": 128}
@@ -29,9 +31,11 @@ QUICK = {"limit": 4, "max_new_tokens": 128}
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m gumiho bench", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_VARIANTS),
+    p.add_argument("--methods", nargs="+",
                    help=f"any of {' '.join(VARIANTS)} (transformers: plain model.generate in the engine's dtype; "
-                        "transformers-fp32 / -bf16 / -fp16 in that dtype)")
+                        "transformers-fp32 / -bf16 / -fp16 in that dtype; llama.cpp: llama-cpp-python on the "
+                        f"embedded model's GGUF, optional). Default: {' '.join(DEFAULT_VARIANTS)}, and llama.cpp "
+                        "where llama_cpp imports and the model is the embedded one")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS),
                    help=f"names in --data ({' '.join(DATASETS)}) or paths to .jsonl files")
     p.add_argument("--data", type=Path, default=DEFAULT_DIR, help="folder of the benchmark .jsonl files")
@@ -117,9 +121,14 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
         raise GumihoError("--total-tokens must be >= 1 or 'auto'")
     if args.warmup < 0:
         raise GumihoError("--warmup must be >= 0")
+    if args.methods is None:
+        embedded = args.model in (None, DEFAULT_MODEL)
+        args.methods = [*DEFAULT_VARIANTS, *([LLAMA_CPP] if embedded and not llama_cpp_problem() else [])]
     unknown = [m for m in args.methods if m not in VARIANTS]
     if unknown:
         raise GumihoError(f"unknown method {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    if LLAMA_CPP in args.methods:
+        check_llama_cpp(args.model)
     settings = BenchSettings(datasets=args.datasets, data_dir=args.data, limit=args.limit,
                              max_new_tokens=args.max_new_tokens or 256, temperatures=tuple(args.temperatures),
                              seeds=tuple(args.seeds), warmup=args.warmup, both_turns=args.both_turns)
@@ -171,8 +180,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
     from .metrics import __doc__ as metric_doc
     from .report import speed_table, write
     from .cost_curve import CostCurve, measure_cost_curve
-    from ..target import DEFAULT_MODEL
-    from .reference import TransformersReference, baseline_dtype, reference_dtype
+    from .reference import References, baseline_dtype, is_reference
 
     target = engine.target
     name = run_name(args, target.device.type)
@@ -196,8 +204,8 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
         cost = CostCurve(**journal.setup["cost_curve"])
         trees = {m: TreeSettings(**t) for m, t in journal.setup["trees"].items()}
         variants = make_variants(args.methods, trees, baseline_dtype(target))
-        needs_reference = any(reference_dtype(v.name) for v in variants)
-        reference = TransformersReference(target, args.model or DEFAULT_MODEL) if needs_reference else None
+        needs_reference = any(is_reference(v.name) for v in variants)
+        reference = References(target, args.model or DEFAULT_MODEL) if needs_reference else None
         per_prompt = add_speedups(run_bench(engine, variants, settings, progress=args.progress, done=journal.done,
                                             on_job=lambda key, rows: journal.record(key, rows, load.take()),
                                             reference=reference))

@@ -23,9 +23,9 @@ from .datasets import DEFAULT_DIR, Question, encode_conversation, load_questions
 from .journal import JobKey
 from ..perplexity import perplexity
 from .metrics import prompt_row
-from .reference import TransformersReference, reference_dtype, reference_name
+from .reference import LLAMA_CPP, References, is_reference, reference_name
 
-REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16")
+REFERENCES = ("transformers", "transformers-fp32", "transformers-bf16", "transformers-fp16", LLAMA_CPP)
 DRAFTED = DRAFTED_METHODS  # the papers' order, the lossy MJSD after them, then the draft-free lookup and recycle
 DEFAULT_VARIANTS = ("transformers", "ar", *(v for m in DRAFTED for v in ((m, "gumiho+fta") if m == "gumiho" else (m,))))
 VARIANTS = (*DEFAULT_VARIANTS, *REFERENCES[1:])
@@ -34,7 +34,8 @@ VARIANTS = (*DEFAULT_VARIANTS, *REFERENCES[1:])
 @dataclass(frozen=True)
 class Variant:
     """A method with a fixed tree: `gumiho+fta` is Gumiho with Full Tree Attention on (greedy runs only);
-    `transformers-<dtype>` is plain `model.generate` in that dtype (`reference.py`)."""
+    `transformers-<dtype>` is plain `model.generate` in that dtype, `llama.cpp` llama.cpp on the embedded model's
+    GGUF file (`reference.py`)."""
 
     name: str
     method: str
@@ -53,7 +54,7 @@ def make_variants(names: list[str], trees: dict[str, TreeSettings], dtype: str =
             raise GumihoError(f"unknown method {name!r}; choose from {', '.join(VARIANTS)}")
         if name == "transformers":
             name = reference_name(dtype)
-        if reference_dtype(name):
+        if is_reference(name):
             if name not in [v.name for v in variants]:
                 variants.append(Variant(name, name, None))
             continue
@@ -95,14 +96,13 @@ def active(variants: list[Variant], temperature: float) -> list[Variant]:
 
 
 def generate(engine: Engine, variant: Variant, text: str, prompt_ids: list[int] | None, max_new_tokens: int,
-             temperature: float, seed: int, reference: TransformersReference | None = None
+             temperature: float, seed: int, reference: References | None = None
              ) -> tuple[GenerationTrace, list[CycleTrace]]:
-    dtype = reference_dtype(variant.method)
-    if dtype:
+    if is_reference(variant.method):
         if reference is None:
-            raise GumihoError(f"{variant.name} needs the transformers reference")
+            raise GumihoError(f"{variant.name} runs outside the engine: the bench needs its References")
         ids = prompt_ids or engine.target.encode_prompt(text)
-        return reference.generate(dtype, text, ids, max_new_tokens, temperature, seed), []
+        return reference.generate(variant.method, text, ids, max_new_tokens, temperature, seed), []
     config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=temperature),
                               seed=seed, trace=False, tree=variant.tree)
     run = engine.run(text, variant.method, config, prompt_ids=prompt_ids)
@@ -111,7 +111,7 @@ def generate(engine: Engine, variant: Variant, text: str, prompt_ids: list[int] 
 
 
 def warm_up(engine: Engine, variants: list[Variant], question: Question, settings: BenchSettings,
-            reference: TransformersReference | None = None) -> None:
+            reference: References | None = None) -> None:
     temperature, seed = settings.runs()[0]
     for _ in range(settings.warmup):
         for variant in active(variants, temperature):
@@ -120,7 +120,7 @@ def warm_up(engine: Engine, variants: list[Variant], question: Question, setting
 
 def run_conversation(engine: Engine, variants: list[Variant], question: Question, temperature: float, seed: int,
                      settings: BenchSettings, slot: int, bar: tqdm,
-                     reference: TransformersReference | None = None) -> list[dict]:
+                     reference: References | None = None) -> list[dict]:
     """Every variant on each turn of one question; the variant order is rotated by `slot`."""
     chosen = active(variants, temperature)
     order = chosen[slot % len(chosen):] + chosen[: slot % len(chosen)]
@@ -149,7 +149,7 @@ def run_conversation(engine: Engine, variants: list[Variant], question: Question
 def run_bench(engine: Engine, variants: list[Variant], settings: BenchSettings, progress: bool = True,
               done: dict[JobKey, list[dict]] | None = None,
               on_job: Callable[[JobKey, list[dict]], None] | None = None,
-              reference: TransformersReference | None = None) -> pd.DataFrame:
+              reference: References | None = None) -> pd.DataFrame:
     """Warm up on the first question, then run every variant on every prompt; returns the per-prompt table.
 
     `done` holds the rows of conversations finished earlier (a resumed run): they are not run again. `on_job` is

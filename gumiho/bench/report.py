@@ -39,7 +39,7 @@ TITLES = {"mt_bench": "MT-Bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "a
           "qa": "Natural Qs", "mean": "Mean"}
 NAMES = {**METHOD_NAMES, "ar": "AR (baseline)", "gumiho+fta": "Gumiho + FTA", "mjsd": "MJSD (lossy)",
          "transformers-fp32": "transformers generate fp32", "transformers-bf16": "transformers generate bf16",
-         "transformers-fp16": "transformers generate fp16"}
+         "transformers-fp16": "transformers generate fp16", "llama.cpp": "llama.cpp (same GGUF)"}
 SCHEMA_VERSION = 1
 LOSSY = ("mjsd",)  # reported apart from the exact methods: their speed buys a different output
 
