@@ -12,6 +12,7 @@ it like any method.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -143,8 +144,9 @@ def probe_llama_cpp(gguf: Path, run: Callable[..., subprocess.CompletedProcess] 
         return "llama.cpp did not generate two tokens in 5 minutes"
     if done.returncode == 0:
         return None
-    if done.returncode < 0:
-        return f"llama.cpp died on a two-token probe (signal {-done.returncode}); {AMX_HINT}"
+    if done.returncode < 0:  # SIGILL (4): an instruction this machine will not run, as its AMX code above
+        hint = f"; {AMX_HINT}" if done.returncode == -signal.SIGILL else ""
+        return f"llama.cpp died on a two-token probe (signal {-done.returncode}){hint}"
     last = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
     return f"llama.cpp failed on a two-token probe: {last[0]}"
 
@@ -175,8 +177,8 @@ class LlamaCppReference:
     T = 0; at T > 0 its sampler with temperature alone (top-k, top-p and min-p off). The prompt ids are the
     engine's own (chat template included), so every row reads the same prompt."""
 
-    def __init__(self, target: Target, gguf: Path | None = None):
-        self.target, self.gguf = target, gguf
+    def __init__(self, target: Target):
+        self.target = target
         self._llm = None
 
     @property
@@ -184,7 +186,7 @@ class LlamaCppReference:
         if self._llm is None:
             from llama_cpp import Llama
 
-            self._llm = Llama(model_path=str(self.gguf or find_default_gguf()), n_ctx=self.target.max_context,
+            self._llm = Llama(model_path=str(find_default_gguf()), n_ctx=self.target.max_context,
                               n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(),
                               verbose=False)
         return self._llm
