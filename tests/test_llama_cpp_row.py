@@ -115,9 +115,12 @@ def test_the_row_is_offered_only_where_llama_cpp_runs(monkeypatch, capsys, probl
 
     monkeypatch.setattr(cli, "llama_cpp_problem", lambda: problem)
     monkeypatch.setattr(ref_module, "llama_cpp_problem", lambda: problem)
+    monkeypatch.setattr(cli, "llama_cpp_available", lambda: True)  # installed
     defaults = cli.build_parser().parse_args(["--quick"])
     cli.bench_settings(defaults)
     assert (LLAMA_CPP in defaults.methods) == (problem is None)
+    said = capsys.readouterr().err
+    assert said == ("" if problem is None else f"[llama.cpp] row left out: {problem}\n")
     if problem:
         assert cli.main(["--methods", "ar", LLAMA_CPP, "--quick"]) == 2
         err = capsys.readouterr().err

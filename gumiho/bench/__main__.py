@@ -21,7 +21,7 @@ from ..errors import GumihoError
 from .datasets import DATASETS, DEFAULT_DIR
 from ..drafters import weights_kind
 from .harness import DEFAULT_VARIANTS, DRAFTED, VARIANTS, BenchSettings, make_variants
-from .reference import LLAMA_CPP, check_llama_cpp, llama_cpp_problem
+from .reference import LLAMA_CPP, check_llama_cpp, llama_cpp_available, llama_cpp_problem
 from ..target import DEFAULT_MODEL
 
 RESULTS = Path(__file__).resolve().parents[2] / "assets" / "bench"
@@ -122,8 +122,10 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     if args.warmup < 0:
         raise GumihoError("--warmup must be >= 0")
     if args.methods is None:
-        embedded = args.model in (None, DEFAULT_MODEL)
-        args.methods = [*DEFAULT_VARIANTS, *([LLAMA_CPP] if embedded and not llama_cpp_problem() else [])]
+        problem = llama_cpp_problem() if args.model in (None, DEFAULT_MODEL) else "it runs the embedded model's GGUF only"
+        args.methods = [*DEFAULT_VARIANTS, *([] if problem else [LLAMA_CPP])]
+        if problem and llama_cpp_available():  # installed, yet no row: say why
+            print(f"[llama.cpp] row left out: {problem}", file=sys.stderr)
     unknown = [m for m in args.methods if m not in VARIANTS]
     if unknown:
         raise GumihoError(f"unknown method {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
