@@ -122,7 +122,8 @@ def bench_settings(args: argparse.Namespace) -> BenchSettings:
     if args.warmup < 0:
         raise GumihoError("--warmup must be >= 0")
     if args.methods is None:
-        problem = llama_cpp_problem() if args.model in (None, DEFAULT_MODEL) else "it runs the embedded model's GGUF only"
+        embedded = args.model in (None, DEFAULT_MODEL)
+        problem = llama_cpp_problem() if embedded else "it runs the embedded model's GGUF only"
         args.methods = [*DEFAULT_VARIANTS, *([] if problem else [LLAMA_CPP])]
         if problem and llama_cpp_available():  # installed, yet no row: say why
             print(f"[llama.cpp] row left out: {problem}", file=sys.stderr)
