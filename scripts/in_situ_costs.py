@@ -67,7 +67,8 @@ def main() -> None:
             print(f"| {'root only (drafted)' if root_only else 'sized'} | {n} | {len(times):,} | "
                   f"{statistics.median(times):.2f} | {statistics.median(times) / one:.2f} |")
 
-    # The same forwards back to back on one cache (the profile's way), sizes interleaved, at the runs' middle length.
+    # The same forwards back to back on one cache, sizes interleaved: as `profile.VerifyTimer` times them, but on a
+    # real prompt's cache and without its lm_head row, so that they compare with the forwards timed above.
     ids = torch.tensor(target.encode_prompt(prompts[0]))
     back: dict[int, list[float]] = defaultdict(list)
     with torch.inference_mode():
