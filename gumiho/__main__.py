@@ -18,6 +18,7 @@ from .trace import DRAFTED_METHODS, METHODS, WEIGHT_FREE_METHODS
 
 # MJSD verifies its whole chain: no tree size to choose. Lookup and recycle have no folder to keep statistics in.
 CALIBRATED = tuple(m for m in DRAFTED_METHODS if m != "mjsd" and m not in WEIGHT_FREE_METHODS)
+BRANCHED = ("eagle2", "gumiho")  # the dynamic trees: lookup's branches join their pools (tree.merge_pools)
 
 
 def check_tree_options(args: argparse.Namespace) -> None:
@@ -30,6 +31,10 @@ def check_tree_options(args: argparse.Namespace) -> None:
         raise GumihoError("--gamma, --beams and --tau-acc are MJSD options (--method mjsd)")
     if args.method != "lookup" and (args.max_ngram is not None or args.min_ngram is not None):
         raise GumihoError("--max-ngram and --min-ngram are lookup options (--method lookup)")
+    if args.lookup_merge and args.method not in CALIBRATED:
+        raise GumihoError(f"--lookup-merge is an option of the learned drafters ({', '.join(CALIBRATED)})")
+    if args.lookup_branches and args.method not in BRANCHED:
+        raise GumihoError(f"--lookup-branches is an option of the dynamic-tree drafters ({', '.join(BRANCHED)})")
     if args.method == "lookup":
         default = TreeSettings.default("lookup")
         low, high = args.min_ngram or default.min_ngram, args.max_ngram or default.max_ngram

@@ -79,8 +79,9 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
     top_ks = [top_k] if top_k else sorted(cost.draft_ms.get(method, {}))
     top_ks = [k for k in top_ks if known and k in acceptance.prefix_ranks and k in cost.draft_ms[method]]
     if not top_ks:
+        sized = not total_tokens and method != "mjsd"
         tree = replace(base, **{k: v for k, v in (("top_k", top_k), ("total_tokens", total_tokens)) if v},
-                       sized=not total_tokens and method != "mjsd")
+                       sized=sized, lookup_branches=0 if sized else base.lookup_branches)
         why = "no acceptance statistics for this drafter" if acceptance is None else "top_k not profiled"
         return MethodChoice(method, tree, ar, 1.0, f"{why}: default tree")
     trees = []  # (expected tokens/s, cycle ms, top_k, n)
@@ -98,8 +99,11 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         cheapest = min(near, key=lambda t: t[1])
         if total_tokens or cheapest[0] > ar:
             rate, _, k, n = cheapest
-    tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge,
-                   sized=not total_tokens and method != "mjsd" and n > 1)
+    # Prompt lookup's branches (design.md §17.5) pay in a fixed tree; in a sized one on a CPU they were measured
+    # even (the sizer spends their chance on rows that cost what they return), so a sized tree goes without.
+    sized = not total_tokens and method != "mjsd" and n > 1
+    tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge, sized=sized,
+                   lookup_branches=0 if sized else base.lookup_branches)
     return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")
 
 

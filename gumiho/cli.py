@@ -36,6 +36,16 @@ def positive(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
 def unit_interval(text: str) -> float:
     try:
         value = float(text)
@@ -96,6 +106,10 @@ def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     tree.add_argument("--max-ngram", type=positive, help="lookup: the longest suffix of the text looked up "
                       "earlier in it (default 3)")
     tree.add_argument("--min-ngram", type=positive, help="lookup: the shortest suffix looked up (default 1)")
+    tree.add_argument("--lookup-merge", type=non_negative, help="learned drafters: verify prompt lookup's tree "
+                      "instead of drafting when the text's last N tokens occurred earlier (default 3; 0: off)")
+    tree.add_argument("--lookup-branches", type=non_negative, help="EAGLE-2, Gumiho: in cycles that draft, add "
+                      "prompt lookup's continuations of matches of N or more tokens to the tree (default 0: off)")
 
 
 def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,6 +121,7 @@ def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "mlptopk": args.mlptopk, "pruning": args.pruning, "fta": args.fta,
         "mlp_parent_align": args.mlp_parent_align, "serial_tree_mask": args.serial_tree_mask,
         "tau_acc": args.tau_acc, "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
+        "lookup_merge": args.lookup_merge, "lookup_branches": args.lookup_branches,
     }
 
 

@@ -14,8 +14,8 @@ the `GenerationTrace`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
 
 import torch
 
@@ -25,12 +25,13 @@ from .errors import GumihoError
 from .kv import keep_accepted
 from .node_probs import NodeChecks
 from .sampling import SamplingConfig, pick
-from .sizing import Sizer
+from .sizing import Calibration, Sizer
 from .target import Target
 from .trace import METHODS, CycleTrace, GenerationTrace, JointCheck, RunSettings, TraceNode, TracePath
-from .tree import DraftPool, DraftTree, TreeSettings, build_tree
+from .tree import DraftPool, DraftTree, TreeSettings, build_tree, merge_pools
 from .verify import Acceptance, LazyLogits, verify
 
+Learn = Callable[[list[bool]], None]  # a verification's outcome (each draft node accepted or not) -> the sizers
 FTA_NOTE = "FTA: borrowed tokens are checked against logits computed in their own branch"
 
 
@@ -129,15 +130,22 @@ class Run:
         method_drafter = engine.drafters.get(method)
         # A tree of one node is a plain AR step: where drafting does not pay, the drafter is not called at all.
         self.drafter = method_drafter if tree is not None and tree.total_tokens > 1 else None
-        # SAM-Decoding's switch (tree.lookup_merge): a cycle whose text repeats earlier text verifies prompt lookup's
-        # tree instead; the drafter's pairs wait for the next cycle it drafts.
-        self.lookup = weight_free("lookup", engine.target.model.config) if tree and tree.lookup_merge else None
-        self.lookup_tree = tree.lookup_tree(engine.target.device.type) if self.lookup else None
+        device_type = engine.target.device.type
         # Per-cycle sizing (sizing.py) where the tree is the automatic one and the machine profile is at hand.
         cost = engine.choice.cost if engine.choice else None
         sized = bool(tree and tree.sized and cost)
         self.sizer = Sizer(cost.cycle_ms) if sized else None
+        # Prompt lookup inside a learned drafter's tree (docs/design.md §17.4-17.5). SAM-Decoding's switch
+        # (tree.lookup_merge): a cycle whose text repeats earlier text verifies prompt lookup's tree instead; the
+        # drafter's pairs wait for the next cycle it drafts. Branches (tree.lookup_branches): the continuations of
+        # the other matches join the drafter's own candidates in the cycles it drafts.
+        self.lookup_tree = tree.lookup_tree(device_type) if tree and tree.lookup_merge else None
+        self.branch_tree = (tree.branch_tree(device_type) if tree and tree.lookup_branches
+                            and self.drafter is not None else None)
+        self.lookup = (weight_free("lookup", engine.target.model.config)
+                       if self.lookup_tree or self.branch_tree else None)
         self.lookup_sizer = Sizer(cost.cycle_ms) if sized and self.lookup else None
+        self.calibrations: dict[tuple[int, ...], Calibration] = {}  # a merged tree's, by the sources of a node
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._stop = False
         target = engine.target
@@ -181,12 +189,14 @@ class Run:
         return emitted, ""
 
     def _draft(self, root: int, features: torch.Tensor, tokens: torch.Tensor,
-               kv: int) -> tuple[DraftTree, DraftPool, Sizer | None, float | None]:
-        """This cycle's tree, the pool it came from, the sizer that sized it and the accepted length it expects."""
+               kv: int) -> tuple[DraftTree, DraftPool, Learn | None, float | None]:
+        """This cycle's tree, the pool it came from, how the run learns from its verification (the sizers'
+        calibration) and the accepted length it expects."""
         device = self.engine.target.device
         room = self.engine.target.max_context - kv
         if self.lookup is not None:
-            pool = self.lookup.propose(features, tokens, self.lookup_tree)
+            self.lookup.extend(tokens)
+            pool = self.lookup.candidates(self.lookup_tree, device) if self.lookup_tree else DraftPool()
             if pool.size:
                 if self.drafter is not None:
                     self._waiting.append((features, tokens))
@@ -198,13 +208,51 @@ class Run:
             tokens = torch.cat([t for _, t in self._waiting] + [tokens])
             self._waiting.clear()
         pool = self.drafter.propose(features, tokens, self.tree)
-        tree, pool, sizer, expected = self._sized(root, pool, min(self.tree.total_tokens, room), kv, self.sizer)
-        return (tree.with_fta() if self.trace.settings.fta_applied else tree), pool, sizer, expected
+        most = min(self.tree.total_tokens, room)
+        branches = self.lookup.candidates(self.branch_tree, device) if self.branch_tree else DraftPool()
+        if branches.size:
+            if self.sizer:  # as the switch, lookup's own budget: the sizer weighs both sources' candidates
+                most = min(max(self.tree.total_tokens, self.branch_tree.total_tokens), room)
+            tree, pool, learn, expected = self._merged(root, pool, branches, most, kv)
+        else:
+            tree, pool, learn, expected = self._sized(root, pool, most, kv, self.sizer)
+        return (tree.with_fta() if self.trace.settings.fta_applied else tree), pool, learn, expected
 
     def _sized(self, root: int, pool: DraftPool, most: int, kv: int,
-               sizer: Sizer | None) -> tuple[DraftTree, DraftPool, Sizer | None, float | None]:
+               sizer: Sizer | None) -> tuple[DraftTree, DraftPool, Learn | None, float | None]:
         n, expected = sizer.choose(pool, most, kv) if sizer else (most, None)
-        return build_tree(root, pool, n, self.engine.target.device), pool, sizer, expected
+        tree = build_tree(root, pool, n, self.engine.target.device)
+        learn = (lambda hits: sizer.learn(tree.scores[1:], hits)) if sizer else None
+        return tree, pool, learn, expected
+
+    def _merged(self, root: int, pool: DraftPool, branches: DraftPool, most: int,
+                kv: int) -> tuple[DraftTree, DraftPool, Learn, float | None]:
+        """The drafter's candidates and prompt lookup's branches as one tree, ranked by calibrated chances (the
+        best `most` - 1, or as many as the sizer finds worth verifying). A node both sources drafted is right more
+        often than one only one did while the other proposed something else, so each kind (by the sources that
+        drafted the node) has its own calibration, read at the drafter's score where it has one."""
+
+        def calibration(origins: list[tuple[int, float]]) -> tuple[Calibration, float]:
+            kinds = tuple(sorted({source for source, _ in origins}))
+            return self.calibrations.setdefault(kinds, Calibration()), origins[0][1]
+
+        def chance(origins: list[tuple[int, float]]) -> float:
+            fit, score = calibration(origins)
+            return fit.probability(score)
+
+        merged = merge_pools([pool, branches], chance)
+        n, expected = self.sizer.choose(merged.pool, most, kv, calibrated=True) if self.sizer else (most, None)
+        tree = build_tree(root, merged.pool, n, self.engine.target.device)
+        # The trace shows each node's own score (the drafter's log-prob where it drafted the node, else lookup's
+        # pseudo log-prob), not the chance it was ranked by: q stays the drafter's probability.
+        tree = replace(tree, scores=[0.0] + [merged.origins[node][0][1] for node in tree.picked[1:]])
+
+        def learn(hits: list[bool]) -> None:
+            for node, hit in zip(tree.picked[1:], hits):
+                fit, score = calibration(merged.origins[node])
+                fit.learn([score], [hit])
+
+        return tree, merged.pool, learn, expected
 
     def _accept(self, tree: DraftTree, logits: LazyLogits, pool: DraftPool,
                 generator: torch.Generator) -> tuple[Acceptance, list[JointCheck]]:
@@ -247,7 +295,7 @@ class Run:
                 reason = "context"
                 break
             t0 = time.perf_counter()
-            tree, pool, sizer, expected = self._draft(root, new_features, new_tokens, prefix_len)
+            tree, pool, learn, expected = self._draft(root, new_features, new_tokens, prefix_len)
             sync_device(device)
             t1 = time.perf_counter()
 
@@ -263,9 +311,9 @@ class Run:
             if self.drafter is not None:  # drafting work, timed with the draft
                 self.drafter.observe(tree.tokens, features, logits, tree.parents)
                 sync_device(device)
-            if sizer is not None and tree.size > 1:
+            if learn is not None and tree.size > 1:
                 on_path = set(acceptance.nodes)
-                sizer.learn(tree.scores[1:], [i in on_path for i in range(1, tree.size)])
+                learn([i in on_path for i in range(1, tree.size)])
             t3 = time.perf_counter()
 
             nodes = torch.tensor(acceptance.nodes, device=device)

@@ -383,11 +383,11 @@ def widest_tree(method: str, top_k: int) -> TreeSettings:
     """The tree family that the profile times, the calibration measures and the choice picks from, the same on
     every device (so a drafter's acceptance statistics apply everywhere): the method's CPU default shape with
     another top_k (Gumiho's per-head candidates and pruning never below it; a static tree keeps its own), FTA and the
-    lookup switch off,
+    lookup switch and branches off,
     verifying everything it drafts up to the largest profiled size."""
     base = TreeSettings.default(method, "cpu")
     shape = replace(base, top_k=base.top_k if method in STATIC_METHODS else top_k, total_tokens=1, fta=False,
-                    lookup_merge=0)
+                    lookup_merge=0, lookup_branches=0)
     if method == "gumiho":
         shape = replace(shape, mlptopk=max(base.mlptopk, top_k), pruning=max(base.pruning, top_k))
     return replace(shape, total_tokens=min(max(SIZES), shape.pool_size(method) + 1))

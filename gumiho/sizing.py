@@ -35,35 +35,16 @@ def _bin(score: float) -> int:
 
 
 @dataclass
-class Sizer:
-    """Per-cycle n for one run. `cost(n, accepted, kv)`: the ms of verifying n tokens, `accepted` of them accepted
-    (each costs one more lm_head row), on a KV cache of kv tokens (`PathCost.cycle_ms`)."""
+class Calibration:
+    """Score -> the chance that a node of that score is on the accepted path, learnt from a run's verifications."""
 
-    cost: Callable[[int, float, int], float]
     accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
     seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
 
     def probability(self, score: float) -> float:
-        """Calibrated chance that a node of this score is on the accepted path."""
         b = _bin(score)
         prior = (b + 0.5) / BINS  # the draft's own probability: the bin's centre
         return (self.accepted[b] + PRIOR_WEIGHT * prior) / (self.seen[b] + PRIOR_WEIGHT)
-
-    def choose(self, pool: DraftPool, most: int, kv: int) -> tuple[int, float]:
-        """(n, expected accepted draft tokens) for `pool`, n at most `most`. The nodes are taken in the order
-        `build_tree` keeps them (priority for a static tree, else score)."""
-        if not pool.size or most < 2:
-            return 1, 0.0
-        scores = torch.cat(pool.scores)
-        order = torch.cat(pool.priorities) if pool.priorities else scores
-        ranked = scores[torch.sort(order, descending=True, stable=True).indices[: most - 1]].tolist()
-        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, kv), 0.0, 0.0
-        for i, score in enumerate(ranked, start=2):
-            expected += self.probability(score)
-            rate = (1.0 + expected) / self.cost(i, expected, kv)
-            if rate > best_rate:
-                best_n, best_rate, best_expected = i, rate, expected
-        return best_n, best_expected
 
     def learn(self, scores: list[float], on_path: list[bool]) -> None:
         """One verification's outcome: each verified draft node's score and whether it was accepted."""
@@ -71,3 +52,37 @@ class Sizer:
             b = _bin(score)
             self.seen[b] += 1.0
             self.accepted[b] += float(hit)
+
+
+@dataclass
+class Sizer:
+    """Per-cycle n for one run. `cost(n, accepted, kv)`: the ms of verifying n tokens, `accepted` of them accepted
+    (each costs one more lm_head row), on a KV cache of kv tokens (`PathCost.cycle_ms`)."""
+
+    cost: Callable[[int, float, int], float]
+    calibration: Calibration = field(default_factory=Calibration)
+
+    def probability(self, score: float) -> float:
+        """Calibrated chance that a node of this score is on the accepted path."""
+        return self.calibration.probability(score)
+
+    def learn(self, scores: list[float], on_path: list[bool]) -> None:
+        self.calibration.learn(scores, on_path)
+
+    def choose(self, pool: DraftPool, most: int, kv: int, calibrated: bool = False) -> tuple[int, float]:
+        """(n, expected accepted draft tokens) for `pool`, n at most `most`. The nodes are taken in the order
+        `build_tree` keeps them (priority for a static tree, else score). `calibrated`: the scores are already the
+        log of each node's chance (tree.merge_pools), read as they are."""
+        if not pool.size or most < 2:
+            return 1, 0.0
+        scores = torch.cat(pool.scores)
+        order = torch.cat(pool.priorities) if pool.priorities else scores
+        ranked = scores[torch.sort(order, descending=True, stable=True).indices[: most - 1]].tolist()
+        chance = math.exp if calibrated else self.probability
+        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, kv), 0.0, 0.0
+        for i, score in enumerate(ranked, start=2):
+            expected += chance(score)
+            rate = (1.0 + expected) / self.cost(i, expected, kv)
+            if rate > best_rate:
+                best_n, best_rate, best_expected = i, rate, expected
+        return best_n, best_expected

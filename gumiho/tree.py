@@ -7,8 +7,9 @@ position ids (depths) and the root-to-leaf paths. `DraftTree.with_fta` applies F
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -69,6 +70,7 @@ class DraftTree:
     mask: torch.Tensor  # [N, N] bool
     paths: torch.Tensor  # [L, D+1] long
     filled: torch.Tensor  # [L, D+1] bool
+    picked: list[int] = field(default_factory=list)  # each node's index in the pool it was kept from; -1: the root
 
     @property
     def size(self) -> int:
@@ -115,7 +117,7 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
     would cost more than the work (a tenth of a millisecond a cycle on a CPU)."""
     device = device or (pool.tokens[0].device if pool.tokens else torch.device("cpu"))
     keep_n = min(total_tokens - 1, pool.size)
-    tokens, parents, sources, node_scores = [root_token], [-1], ["root"], [0.0]
+    tokens, parents, sources, node_scores, picked = [root_token], [-1], ["root"], [0.0], [-1]
     if keep_n > 0:
         if pool.priorities and len(pool.priorities) != len(pool.scores):
             raise ValueError("a draft pool gives a priority for some of its layers only")
@@ -137,6 +139,7 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
             tokens.append(pool_tokens[node])
             sources.append(pool.sources[node])
             node_scores.append(scores[node])
+            picked.append(node)
     n = len(parents)
     depths, ancestors = [0] * n, [[0]]
     for i in range(1, n):
@@ -159,7 +162,65 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
         mask=mask.to(device),
         paths=paths.to(device),
         filled=torch.zeros_like(paths, dtype=torch.bool).to(device),
+        picked=picked,
     )
+
+
+@dataclass
+class MergedPool:
+    """Several drafters' pools as one: `pool` (sibling tokens distinct; scores the log of each node's calibrated
+    chance to be on the accepted path) and, per node, the (input pool, own score) pairs it came from."""
+
+    pool: DraftPool
+    origins: list[list[tuple[int, float]]]
+
+
+def merge_pools(pools: list[DraftPool], chance: Callable[[list[tuple[int, float]]], float]) -> MergedPool:
+    """One pool from several (SAM-Decoding's merge of a learned draft and prompt lookup's matches;
+    docs/design.md §17.5). Nodes of different inputs with the same token under the same parent are one node. The
+    inputs' scores mean different things, so each node's score becomes its calibrated chance to be accepted,
+    `chance(origins)` of the (input, own score) pairs it came from, never above its parent's: the pool stays closed
+    under parent-of when `build_tree` keeps its best nodes. Depth-major, so parents come first."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    sources: list[str] = []
+    origins: list[list[tuple[int, float]]] = []
+    where: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    for k, pool in enumerate(pools):
+        if not pool.size:
+            continue
+        if pool.priorities:
+            raise ValueError("a static tree's pool cannot be merged: its nodes are ranked by priority")
+        own_tokens, own_parents = torch.cat(pool.tokens).tolist(), torch.cat(pool.parents).tolist()
+        own_scores = torch.cat(pool.scores).tolist()
+        merged: list[int] = []  # this pool's node -> merged node
+        for token, parent, score, source in zip(own_tokens, own_parents, own_scores, pool.sources):
+            key = (merged[parent] if parent >= 0 else -1, token)
+            node = where.get(key)
+            if node is None:
+                node = where[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+                sources.append(source)
+                origins.append([])
+            origins[node].append((k, score))
+            merged.append(node)
+    depths, chances = [0] * len(tokens), [chance(found) for found in origins]
+    for node, parent in enumerate(parents):  # a parent is always made before its children
+        if parent >= 0:
+            depths[node] = depths[parent] + 1
+            chances[node] = min(chances[node], chances[parent])
+    order = sorted(range(len(tokens)), key=lambda node: depths[node])  # stable: depth-major, parents first
+    place = {node: i for i, node in enumerate(order)}
+    out = DraftPool()
+    if order:
+        device = next(pool.tokens[0].device for pool in pools if pool.size)
+        out.add(torch.tensor([tokens[i] for i in order], device=device),
+                torch.tensor([place[parents[i]] if parents[i] >= 0 else -1 for i in order], device=device),
+                torch.tensor([math.log(max(chances[i], 1e-9)) for i in order], device=device), "",
+                [depths[i] + 1 for i in order])
+        out.sources = [sources[i] for i in order]
+    return MergedPool(out, [origins[i] for i in order])
 
 
 @dataclass(frozen=True)
@@ -196,15 +257,20 @@ class TreeSettings:
     max_ngram: int | None = None
     min_ngram: int | None = None
     lookup_merge: int = 0
+    lookup_branches: int = 0
     sized: bool = False  # per-cycle sizing (sizing.py): total_tokens is then the most a cycle verifies
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
         """The method's tree on this device; a learned drafter's switches to prompt lookup on a match of
-        LOOKUP_MERGE tokens."""
+        LOOKUP_MERGE tokens, and a dynamic one (EAGLE-2, Gumiho) takes the continuations of shorter matches as
+        branches (LOOKUP_BRANCHES)."""
         tree = cls._default(method, device_type)
         learned = method not in ("mjsd", *DRAFT_FREE) and tree.total_tokens > 1
-        return replace(tree, lookup_merge=LOOKUP_MERGE) if learned else tree
+        if not learned:
+            return tree
+        branches = LOOKUP_BRANCHES if method not in CHOICES else 0
+        return replace(tree, lookup_merge=LOOKUP_MERGE, lookup_branches=branches)
 
     @classmethod
     def _default(cls, method: str, device_type: str) -> TreeSettings:
@@ -246,6 +312,9 @@ class TreeSettings:
             # step, top_k 1): the method's default shape then, with the automatic FTA and lookup switch.
             shape = replace(cls.default(method, device_type), fta=base.fta, lookup_merge=base.lookup_merge)
             tree = replace(shape, **chosen)
+        if not tree.sized and base is not None and "lookup_branches" not in chosen:
+            # A size fixed over the automatic (sized) tree: the method's branches, which pay in a fixed tree.
+            tree = replace(tree, lookup_branches=cls.default(method, device_type).lookup_branches)
         tree.validate(method)
         return tree
 
@@ -304,6 +373,11 @@ class TreeSettings:
             raise GumihoError(f"lookup-merge must be >= 0 (0: off), got {self.lookup_merge}")
         if self.lookup_merge and method in ("mjsd", *DRAFT_FREE):
             raise GumihoError(f"lookup-merge is an option of the learned drafters, not of {method}")
+        if self.lookup_branches < 0:
+            raise GumihoError(f"lookup-branches must be >= 0 (0: off), got {self.lookup_branches}")
+        if self.lookup_branches and (method in ("mjsd", *DRAFT_FREE) or method in CHOICES):
+            raise GumihoError(f"lookup-branches is an option of the dynamic-tree drafters (eagle2, gumiho), not of "
+                              f"{method}")
         if self.pool_size(method) < self.total_tokens - 1:
             raise GumihoError(
                 f"total-tokens {self.total_tokens} exceeds the {self.pool_size(method)} candidates this tree drafts"
@@ -316,7 +390,7 @@ class TreeSettings:
         for name in ("max_ngram", "min_ngram"):
             if data[name] is None:
                 del data[name]
-        for name in ("lookup_merge", "sized"):
+        for name in ("lookup_merge", "lookup_branches", "sized"):
             if not data[name]:
                 del data[name]
         return data
@@ -331,6 +405,15 @@ class TreeSettings:
         total = base.total_tokens if own else min(base.total_tokens, self.total_tokens)
         return replace(base, min_ngram=self.lookup_merge, max_ngram=max(base.max_ngram, self.lookup_merge),
                        total_tokens=total)
+
+
+    def branch_tree(self, device_type: str = "cpu") -> TreeSettings:
+        """The prompt-lookup settings whose matches become branches under `lookup_branches`: lookup's default,
+        matching at least `lookup_branches` tokens. Its size is the most a merged tree verifies (as the switch's,
+        lookup's own budget: the sizer decides from both sources' chances)."""
+        base = TreeSettings.default("lookup", device_type)
+        return replace(base, min_ngram=self.lookup_branches, max_ngram=max(base.max_ngram, self.lookup_branches),
+                       total_tokens=max(base.total_tokens, self.total_tokens))
 
 
 def _lookup_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
@@ -354,3 +437,6 @@ DRAFT_FREE = {"lookup": _lookup_default, "recycle": _recycle_default}  # method 
 # A learned drafter's tree gives way to prompt lookup's when the text's last 3 tokens occurred earlier: such a match
 # is usually copied on (summaries, code edits, quotes), and a lookup draft costs nothing.
 LOOKUP_MERGE = 3
+# Shorter matches join a dynamic drafter's tree as branches (design.md §17.5): a one-token match's continuation is
+# often right where the drafter's first token is not. Off in the CPU's sized trees (choice.best_tree).
+LOOKUP_BRANCHES = 1

@@ -131,6 +131,7 @@ def test_generate_cli_prints_the_automatic_choice_and_flags_override_it(monkeypa
     from gumiho import loader
     from gumiho.__main__ import main
     from gumiho.choice import choose
+    from gumiho.tree import LOOKUP_BRANCHES
 
     from .test_profile import deep_acceptance, flat_profile
 
@@ -148,7 +149,8 @@ def test_generate_cli_prints_the_automatic_choice_and_flags_override_it(monkeypa
                  "--total-tokens", "5"]) == 0
     record = json.loads(capsys.readouterr().out)
     fixed = {k: v for k, v in chosen.to_dict().items() if k != "sized"}  # a fixed size is not sized per cycle
-    assert record["settings"]["tree"] == {**fixed, "total_tokens": 5}
+    # and takes prompt lookup's branches, which the sized tree goes without (design.md §17.5)
+    assert record["settings"]["tree"] == {**fixed, "total_tokens": 5, "lookup_branches": LOOKUP_BRANCHES}
 
 
 def test_the_six_benchmark_sets_ship_with_the_repository():

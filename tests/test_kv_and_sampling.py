@@ -126,23 +126,27 @@ def in_dtype(engine: Engine, dtype: torch.dtype) -> Engine:
                                                       ("gumiho", 1.0, torch.bfloat16), ("medusa", 1.0, torch.float32),
                                                       ("hydra", 0.7, torch.float32), ("lookup", 1.0, torch.float32),
                                                       ("lookup", 0.7, torch.bfloat16), ("recycle", 0.7, torch.float32),
-                                                      ("recycle", 1.0, torch.bfloat16)])
+                                                      ("recycle", 1.0, torch.bfloat16),
+                                                      ("eagle2+branches", 1.0, torch.float32)])
 def test_engine_sampling_matches_the_target_distribution(method, temperature, dtype):
     """Lossless in every dtype: in bf16 too, each emitted token follows the target's (bf16) distribution. The
-    draft-free methods' guesses are deterministic (a point mass on each drafted token), as every drafter's here."""
+    draft-free methods' guesses are deterministic (a point mass on each drafted token), as every drafter's here;
+    so are trees of a drafter's and prompt lookup's candidates together (eagle2+branches)."""
     vocab, length, prefix = 4, 3, [0, 2, 1, 3]
-    if method == "lookup":  # every token followed by each of the four somewhere earlier: lookup has drafts to offer
+    if method in ("lookup", "eagle2+branches"):  # every token followed by each of the four somewhere earlier
         prefix = [0, 0, 1, 0, 2, 0, 3, 1, 1, 2, 1, 3, 2, 2, 3, 3, 0]
     engine = tiny_engine(seed=12, vocab=vocab, drafter_seed=12)
     engine.target.model.lm_head.weight.mul_(0.5)  # flatter, so that every cell is visited
     engine = in_dtype(engine, dtype)
     from gumiho.tree import TreeSettings
 
-    tree = {"eagle2": TreeSettings(top_k=2, depth=3, total_tokens=8),
+    tree = {"eagle2+branches": TreeSettings(top_k=2, depth=3, total_tokens=8, lookup_branches=1),
+            "eagle2": TreeSettings(top_k=2, depth=3, total_tokens=8),
             "gumiho": TreeSettings(top_k=2, depth=3, total_tokens=8, mlptopk=2, pruning=2),
             "lookup": TreeSettings(top_k=8, depth=3, total_tokens=8, max_ngram=3, min_ngram=1),
             "recycle": TreeSettings(top_k=2, depth=3, total_tokens=8)}.get(
         method, TreeSettings(top_k=10, depth=3, total_tokens=8))  # the static tree's first 7 paths: ranks 0..2
+    method = method.removesuffix("+branches")
     cfg = SamplingConfig(temperature=temperature)
     counts = torch.zeros(vocab**length)
     accepted = 0

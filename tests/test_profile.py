@@ -160,9 +160,12 @@ def test_best_tree_maximises_expected_tokens_per_s():
     fixed = best_tree(cost, "gumiho", base, deep_acceptance(), top_k=4)
     assert fixed.tree.top_k == 4
     assert chosen.tree.sized and fixed.tree.sized  # automatic sizes are sized per cycle
-    assert not best_tree(cost, "gumiho", base, deep_acceptance(), total_tokens=8).tree.sized  # a fixed size is not
+    fixed_size = best_tree(cost, "gumiho", base, deep_acceptance(), total_tokens=8).tree
+    assert not fixed_size.sized  # a fixed size is not
+    # Prompt lookup's branches: kept in a fixed tree, none in a sized one (design.md §17.5).
+    assert fixed_size.lookup_branches == base.lookup_branches > 0 and chosen.tree.lookup_branches == 0
     unknown = best_tree(cost, "gumiho", base, None)
-    assert unknown.tree == replace(base, sized=True) and "no acceptance statistics" in unknown.note
+    assert unknown.tree == replace(base, sized=True, lookup_branches=0) and "no acceptance statistics" in unknown.note
 
 
 def test_a_cheaper_tree_expected_nearly_as_fast_is_preferred():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gumiho.errors import GumihoError
-from gumiho.tree import LOOKUP_MERGE, DraftPool, TreeSettings, build_tree
+from gumiho.tree import LOOKUP_BRANCHES, LOOKUP_MERGE, DraftPool, TreeSettings, build_tree
 
 from .conftest import tiny_engine
 
@@ -186,15 +186,31 @@ def test_resolve_applies_the_overrides_given_and_keeps_the_rest():
     assert (cpu.top_k, gpu.top_k) == (4, 14)  # the defaults differ per device
     tree = TreeSettings.resolve("gumiho", "cuda", {"total_tokens": 24, "fta": False, "depth": None})
     assert tree == TreeSettings(top_k=14, depth=6, total_tokens=24, mlptopk=35, pruning=35, fta=False,
-                                lookup_merge=LOOKUP_MERGE)
+                                lookup_merge=LOOKUP_MERGE, lookup_branches=LOOKUP_BRANCHES)
     assert TreeSettings.resolve("eagle2", "cpu", {"top_k": 3, "mlp_parent_align": False}) == TreeSettings(
-        top_k=3, depth=5, total_tokens=12, mlp_parent_align=False, lookup_merge=LOOKUP_MERGE)
+        top_k=3, depth=5, total_tokens=12, mlp_parent_align=False, lookup_merge=LOOKUP_MERGE,
+        lookup_branches=LOOKUP_BRANCHES)
 
 
 def test_a_fixed_size_switches_per_cycle_sizing_off():
-    sized = replace(TreeSettings.default("gumiho", "cpu"), sized=True)
+    sized = replace(TreeSettings.default("gumiho", "cpu"), sized=True, lookup_branches=0)
     assert TreeSettings.resolve("gumiho", "cpu", {"top_k": 3}, base=sized).sized
     assert not TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=sized).sized
+
+
+def test_lookup_branches_by_default_in_fixed_dynamic_trees_only():
+    """Branches pay where the tree's size is fixed (design.md §17.5): the dynamic trees' default on every device,
+    and a size fixed over the automatic, sized tree (which goes without) takes them back unless told otherwise."""
+    for device in ("cpu", "cuda"):
+        assert TreeSettings.default("eagle2", device).lookup_branches == LOOKUP_BRANCHES
+        assert TreeSettings.default("gumiho", device).lookup_branches == LOOKUP_BRANCHES
+        for method in ("eagle1", "medusa", "hydra", "mjsd", "lookup", "recycle"):
+            assert TreeSettings.default(method, device).lookup_branches == 0
+    sized = replace(TreeSettings.default("gumiho", "cpu"), sized=True, lookup_branches=0)
+    assert TreeSettings.resolve("gumiho", "cpu", {"top_k": 3}, base=sized).lookup_branches == 0
+    assert TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=sized).lookup_branches == LOOKUP_BRANCHES
+    fixed = TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6, "lookup_branches": 0}, base=sized)
+    assert fixed.lookup_branches == 0
 
 
 @pytest.mark.parametrize("method", ["eagle2", "gumiho"])

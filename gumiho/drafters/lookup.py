@@ -141,19 +141,28 @@ class LookupDrafter(WeightFreeDrafter):
             self._append(tokens.tolist())
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
+        self.extend(tokens)
+        return self.candidates(tree, tokens.device)
+
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Take the newly accepted pairs' tokens (the new root last); those the prefill already gave are skipped."""
         if self._length == 0 and self._pairs == 0:
             self._first = 1  # no prompt was observed: the sequence starts at the first pair's token
         start = self._pairs + 1  # the sequence index of tokens[0]
         skip = max(0, self._first + self._length - start)  # tokens the prefill already gave
         self._append(tokens[skip:].tolist())
         self._pairs += tokens.shape[0]
+
+    def candidates(self, tree: TreeSettings, device: torch.device | None = None) -> DraftPool:
+        """The pool for the sequence so far (its last token the root), matching `tree.min_ngram` tokens or more.
+        A learned drafter's run asks twice in some cycles (its switch, then its branches), after one `extend`."""
         if tree.min_ngram >= 3 and self._length >= 3:
             earlier = self._where3[tuple(self._sequence[self._length - 3 : self._length].tolist())][:-1]
         else:
             earlier = self._where[int(self._sequence[self._length - 1])][:-1] if self._length else []
         if not earlier:  # the root's own position left out above
             return DraftPool()
-        return lookup_pool(self.sequence, tree, tokens.device, np.array(earlier))
+        return lookup_pool(self.sequence, tree, device, np.array(earlier))
 
     def _append(self, tokens: list[int]) -> None:
         end = self._length + len(tokens)
