@@ -145,7 +145,7 @@ class Run:
         self.lookup = (weight_free("lookup", engine.target.model.config)
                        if self.lookup_tree or self.branch_tree else None)
         self.lookup_sizer = Sizer(cost.cycle_ms) if sized and self.lookup else None
-        self.calibrations: dict[tuple[int, ...], Calibration] = {}  # a merged tree's, by the sources of a node
+        self.calibrations: dict[int, Calibration] = {}  # a merged tree's, by the sources of a node (bit mask)
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._stop = False
         target = engine.target
@@ -229,28 +229,25 @@ class Run:
                 kv: int) -> tuple[DraftTree, DraftPool, Learn, float | None]:
         """The drafter's candidates and prompt lookup's branches as one tree, ranked by calibrated chances (the
         best `most` - 1, or as many as the sizer finds worth verifying). A node both sources drafted is right more
-        often than one only one did while the other proposed something else, so each kind (by the sources that
-        drafted the node) has its own calibration, read at the drafter's score where it has one."""
+        often than one only one did while the other proposed something else, so each kind of node (by the sources
+        that drafted it) has its own calibration, read at the drafter's score where it drafted the node."""
+        fits = self.calibrations
 
-        def calibration(origins: list[tuple[int, float]]) -> tuple[Calibration, float]:
-            kinds = tuple(sorted({source for source, _ in origins}))
-            return self.calibrations.setdefault(kinds, Calibration()), origins[0][1]
-
-        def chance(origins: list[tuple[int, float]]) -> float:
-            fit, score = calibration(origins)
+        def chance(kinds: int, score: float) -> float:
+            fit = fits.get(kinds) or fits.setdefault(kinds, Calibration())
             return fit.probability(score)
 
-        merged = merge_pools([pool, branches], chance)
+        # Of the drafter's pool only what it could keep alone: a GPU tree's pool has hundreds of nodes.
+        merged = merge_pools([pool.best(most - 1), branches], chance)
         n, expected = self.sizer.choose(merged.pool, most, kv, calibrated=True) if self.sizer else (most, None)
         tree = build_tree(root, merged.pool, n, self.engine.target.device)
         # The trace shows each node's own score (the drafter's log-prob where it drafted the node, else lookup's
         # pseudo log-prob), not the chance it was ranked by: q stays the drafter's probability.
-        tree = replace(tree, scores=[0.0] + [merged.origins[node][0][1] for node in tree.picked[1:]])
+        tree = replace(tree, scores=[0.0] + [merged.own[node] for node in tree.picked[1:]])
 
         def learn(hits: list[bool]) -> None:
             for node, hit in zip(tree.picked[1:], hits):
-                fit, score = calibration(merged.origins[node])
-                fit.learn([score], [hit])
+                fits[merged.kinds[node]].learn([merged.own[node]], [hit])
 
         return tree, merged.pool, learn, expected
 

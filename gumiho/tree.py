@@ -52,6 +52,23 @@ class DraftPool:
         self.size += n
         return torch.arange(first, first + n, device=tokens.device)
 
+    def best(self, n: int) -> DraftPool:
+        """The `n` best-scored nodes as a pool of their own, in pool order (what `build_tree` would keep of a
+        dynamic pool: closed under parent-of, ties to the earlier node)."""
+        if n >= self.size:
+            return self
+        scores = torch.cat(self.scores)
+        kept = torch.sort(scores, descending=True, stable=True).indices[: max(n, 0)].sort().values
+        place = torch.full((self.size,), -1, dtype=torch.long, device=scores.device)
+        place[kept] = torch.arange(kept.numel(), device=scores.device)
+        parents = torch.cat(self.parents)[kept]
+        out = DraftPool()
+        if kept.numel():
+            out.add(torch.cat(self.tokens)[kept], torch.where(parents >= 0, place[parents.clamp(min=0)], -1),
+                    scores[kept], "", [self.depths[i] for i in kept.tolist()])
+            out.sources = [self.sources[i] for i in kept.tolist()]
+        return out
+
 
 @dataclass
 class DraftTree:
@@ -169,32 +186,34 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
 @dataclass
 class MergedPool:
     """Several drafters' pools as one: `pool` (sibling tokens distinct; scores the log of each node's calibrated
-    chance to be on the accepted path) and, per node, the (input pool, own score) pairs it came from."""
+    chance to be accepted) and, per node, `kinds` (bit k set when input k drafted it) and `own` (its score in the
+    first input that drafted it)."""
 
     pool: DraftPool
-    origins: list[list[tuple[int, float]]]
+    kinds: list[int]
+    own: list[float]
 
 
-def merge_pools(pools: list[DraftPool], chance: Callable[[list[tuple[int, float]]], float]) -> MergedPool:
+def merge_pools(pools: list[DraftPool], chance: Callable[[int, float], float]) -> MergedPool:
     """One pool from several (SAM-Decoding's merge of a learned draft and prompt lookup's matches;
     docs/design.md §17.5). Nodes of different inputs with the same token under the same parent are one node. The
     inputs' scores mean different things, so each node's score becomes its calibrated chance to be accepted,
-    `chance(origins)` of the (input, own score) pairs it came from, never above its parent's: the pool stays closed
-    under parent-of when `build_tree` keeps its best nodes. Depth-major, so parents come first."""
+    `chance(kinds, own)` (as in `MergedPool`), never above its parent's: the pool stays closed under parent-of when
+    `build_tree` keeps its best nodes. Depth-major, so parents come first."""
     tokens: list[int] = []
     parents: list[int] = []
     sources: list[str] = []
-    origins: list[list[tuple[int, float]]] = []
+    kinds: list[int] = []
+    own: list[float] = []
     where: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
     for k, pool in enumerate(pools):
         if not pool.size:
             continue
         if pool.priorities:
             raise ValueError("a static tree's pool cannot be merged: its nodes are ranked by priority")
-        own_tokens, own_parents = torch.cat(pool.tokens).tolist(), torch.cat(pool.parents).tolist()
-        own_scores = torch.cat(pool.scores).tolist()
         merged: list[int] = []  # this pool's node -> merged node
-        for token, parent, score, source in zip(own_tokens, own_parents, own_scores, pool.sources):
+        for token, parent, score, source in zip(torch.cat(pool.tokens).tolist(), torch.cat(pool.parents).tolist(),
+                                                torch.cat(pool.scores).tolist(), pool.sources):
             key = (merged[parent] if parent >= 0 else -1, token)
             node = where.get(key)
             if node is None:
@@ -202,15 +221,16 @@ def merge_pools(pools: list[DraftPool], chance: Callable[[list[tuple[int, float]
                 tokens.append(token)
                 parents.append(key[0])
                 sources.append(source)
-                origins.append([])
-            origins[node].append((k, score))
+                kinds.append(0)
+                own.append(score)
+            kinds[node] |= 1 << k
             merged.append(node)
-    depths, chances = [0] * len(tokens), [chance(found) for found in origins]
+    depths, chances = [0] * len(tokens), list(map(chance, kinds, own))
     for node, parent in enumerate(parents):  # a parent is always made before its children
         if parent >= 0:
             depths[node] = depths[parent] + 1
             chances[node] = min(chances[node], chances[parent])
-    order = sorted(range(len(tokens)), key=lambda node: depths[node])  # stable: depth-major, parents first
+    order = sorted(range(len(tokens)), key=depths.__getitem__)  # stable: depth-major, parents first
     place = {node: i for i, node in enumerate(order)}
     out = DraftPool()
     if order:
@@ -220,7 +240,7 @@ def merge_pools(pools: list[DraftPool], chance: Callable[[list[tuple[int, float]
                 torch.tensor([math.log(max(chances[i], 1e-9)) for i in order], device=device), "",
                 [depths[i] + 1 for i in order])
         out.sources = [sources[i] for i in order]
-    return MergedPool(out, [origins[i] for i in order])
+    return MergedPool(out, [kinds[i] for i in order], [own[i] for i in order])
 
 
 @dataclass(frozen=True)

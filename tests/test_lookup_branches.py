@@ -36,9 +36,9 @@ def looked_up() -> DraftPool:
     return pool
 
 
-def by_score(origins: list[tuple[int, float]]) -> float:
-    """The best of the sources' own exp(score): the uncalibrated prior."""
-    return max(math.exp(score) for _, score in origins)
+def by_score(kinds: int, own: float) -> float:
+    """The first source's own exp(score), twice that (at most 1) where both sources drafted the node."""
+    return min(1.0, math.exp(own) * (2 if kinds == 3 else 1))
 
 
 def test_merged_pools_share_agreeing_nodes_and_rank_by_chance():
@@ -50,15 +50,14 @@ def test_merged_pools_share_agreeing_nodes_and_rank_by_chance():
     assert parents == [-1, -1, 0, 1, 3]
     assert pool.depths == [1, 1, 2, 2, 3]
     assert pool.sources == ["serial-1", "serial-1", "serial-2", "lookup", "lookup"]
-    assert merged.origins[0] == [(0, pytest.approx(-0.2)), (1, -2.0)]
-    assert merged.origins[1] == [(0, -1.5), (1, pytest.approx(-0.1))]
-    assert chances[0] == pytest.approx(math.exp(-0.2)) and chances[1] == pytest.approx(math.exp(-0.1))
-    # A child is never likelier than its parent, whichever source drafted it.
-    assert chances[2] == pytest.approx(math.exp(-0.9))
-    assert chances[3] == pytest.approx(math.exp(-0.3)) and chances[4] == pytest.approx(math.exp(-0.6))
+    assert merged.kinds == [3, 3, 1, 2, 2]  # bit k: drafted by input k
+    assert merged.own == pytest.approx([-0.2, -1.5, -0.9, -0.3, -0.6])  # the first input's own score
+    assert chances[:3] == pytest.approx([1.0, 2 * math.exp(-1.5), math.exp(-0.9)])  # both, both, the drafter's
+    # A child is never likelier than its parent, whichever source drafted it: lookup's sure 8 and 9 under 6.
+    assert chances[3:] == pytest.approx([2 * math.exp(-1.5)] * 2)
     tree = build_tree(0, pool, 4)
     check_invariants(tree, 4)
-    assert tree.tokens.tolist() == [0, 5, 6, 8]  # lookup's 6 -> 8 outranks the drafter's 5 -> 7
+    assert tree.tokens.tolist() == [0, 5, 6, 8]  # lookup's 6 -> 8 (agreed 6) outranks the drafter's 5 -> 7
     assert tree.picked == [-1, 0, 1, 3]
 
 
@@ -67,7 +66,7 @@ def test_a_childs_chance_is_capped_by_its_parents():
     pool.add(t([3]), t([-1]), t([-2.0]), "serial-1", 1)
     branch = DraftPool()
     branch.add(t([3, 4]), t([-1, 0]), t([-3.0, -0.1]), "lookup", [1, 2])  # a sure child under an unsure 3
-    merged = merge_pools([pool, branch], lambda origins: math.exp(origins[-1][1]))
+    merged = merge_pools([pool, branch], lambda kinds, own: 0.9 if kinds == 2 else math.exp(own))
     scores = torch.cat(merged.pool.scores).tolist()
     assert scores[1] <= scores[0]
     check_invariants(build_tree(0, merged.pool, 3), 3)
@@ -128,7 +127,7 @@ def test_the_calibration_of_merged_nodes_learns_by_source():
         pass
     # Lookup alone, the drafter alone and both: each kind of node met has its own calibration, and the verified
     # ones taught theirs.
-    assert set(run.calibrations) >= {(0,), (1,)}
+    assert set(run.calibrations) >= {1, 2}  # the drafter's alone, lookup's alone
     assert sum(sum(fit.seen) for fit in run.calibrations.values()) > 0
 
 
