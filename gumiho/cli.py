@@ -26,24 +26,23 @@ def run_reporting_errors(command: Callable[[], int]) -> int:
         return 2
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
+def at_least(low: int) -> Callable[[str], int]:
+    """An argument type: an integer of at least `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}")
+        return value
+
+    return parse
 
 
-def non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
+positive = at_least(1)
+non_negative = at_least(0)
 
 
 def unit_interval(text: str) -> float:
