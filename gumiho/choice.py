@@ -8,9 +8,11 @@ Two inputs, kept apart because they change for different reasons:
     given is the number of leading accepted nodes whose running maximum rank is below n - 1. These depend on the
     drafter and the target, not on the machine.
 
-expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k, n) + verify_ms(n) + (tau - 1) * head_ms); AR is
-1000 / verify_ms(1) (a verification computes the lm_head row of each accepted token and of the one after). A
-cheaper tree expected nearly as fast is preferred (CHEAPER_WITHIN).
+expected tokens/s (n, k) = 1000 * tau(n, k) / (draft_ms(k, n) + verify_ms(n) + head rows); AR is 1000 / verify_ms(1).
+A verification computes the lm_head row of each accepted token and of the one after: one row of its own each
+(head_ms), or, where the head computes rows together, the first min(n, 4) rows of the tree in one product
+(head_ms each past the first) and any accepted past them alone (`PathCost.tree_cycle_ms`). A cheaper tree
+expected nearly as fast is preferred (CHEAPER_WITHIN).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest.total_tokens]
         for n in sizes:
             tau = acceptance.tau(k, n)
-            cycle = cost.draft_at(method, k, n) + cost.cycle_ms(n, tau - 1, KV_TYPICAL)
+            cycle = cost.draft_at(method, k, n) + cost.tree_cycle_ms(n, tau - 1, KV_TYPICAL)
             trees.append((1e3 * tau / cycle, cycle, k, n))
     fastest = max((rate for rate, *_ in trees), default=0.0)
     near = [t for t in trees if t[0] * (1 + CHEAPER_WITHIN) >= fastest]

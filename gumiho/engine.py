@@ -134,7 +134,7 @@ class Run:
         # Per-cycle sizing (sizing.py) where the tree is the automatic one and the machine profile is at hand.
         cost = engine.choice.cost if engine.choice else None
         sized = bool(tree and tree.sized and cost)
-        self.sizer = Sizer(cost.cycle_ms) if sized else None
+        self.sizer = Sizer(cost.cycle_ms, cost.head_together) if sized else None
         # Prompt lookup inside a learned drafter's tree (docs/design.md §17.4-17.5). SAM-Decoding's switch
         # (tree.lookup_merge): a cycle whose text repeats earlier text verifies prompt lookup's tree instead; the
         # drafter's pairs wait for the next cycle it drafts. Branches (tree.lookup_branches): the continuations of
@@ -144,7 +144,7 @@ class Run:
                             and self.drafter is not None else None)
         self.lookup = (weight_free("lookup", engine.target.model.config)
                        if self.lookup_tree or self.branch_tree else None)
-        self.lookup_sizer = Sizer(cost.cycle_ms) if sized and self.lookup else None
+        self.lookup_sizer = Sizer(cost.cycle_ms, cost.head_together) if sized and self.lookup else None
         self.calibrations: dict[int, Calibration] = {}  # a merged tree's, by the sources of a node (bit mask)
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._stop = False

@@ -11,7 +11,10 @@ packing):
               top of a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
   head_ms     one more lm_head row (a greedy verification reads one per accepted token: verify.LazyLogits), or
               what a second row adds to a product where the head computes rows together (8-bit blocks);
-  draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix;
+  head_alone_ms  one lm_head row in a product of its own: where the head computes rows together, the walk
+              prefetches the draft's likeliest path, and an accepted node off it costs this much;
+  draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix and a
+              target forward (as in a cycle, the draft finds its weights where a verification left them);
   small_draft_ms  the same for the sizes too small to keep a dynamic drafter's deeper nodes (it stops drafting
               there: `TreeSettings.drafted_depth`), for each such size.
 
@@ -42,10 +45,11 @@ from .packed import packing_enabled, packs
 from .static_tree import STATIC_METHODS
 from .target import Target, cache_root
 from .tree import TreeSettings, build_tree
+from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 15  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 16  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -53,7 +57,7 @@ VERSION = 15  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # drafter campaign paused (a profile measured under its load put T(1) at 7.4 ms for 5.2 on the 2-core Zen 4 EPYC);
 # 12: the 8-bit lm_head rounds its input to 8 bits (integer dot products); 13: draft heads' top-k in one kernel call;
 # 14: 512-bit 4-bit products and 8-bit head where AVX-512 runs VNNI; the prefill file names the attention dtype;
-# 15: the int4 path's KV cache in fp16
+# 15: the int4 path's KV cache in fp16; 16: drafts timed after a target forward, the head's rows alone and together
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
@@ -187,6 +191,8 @@ class PathCost:
     draft_ms: dict[str, dict[int, float]] = field(default_factory=dict)  # method -> top_k -> ms per propose
     head_ms: float = 0.0  # one more lm_head row: a verification reads one per accepted token (verify.LazyLogits)
     small_draft_ms: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)  # method -> top_k -> n -> ms
+    head_together: bool = False  # the head computes rows together: head_ms is what a row adds to a product
+    head_alone_ms: float = 0.0  # then one row in a product of its own (0: head_ms)
 
     def __post_init__(self) -> None:
         self.verify_ms = {kv: nondecreasing(curve) for kv, curve in self.verify_ms.items()}
@@ -196,9 +202,19 @@ class PathCost:
         nodes (`small_draft_ms`), else `draft_ms`."""
         return self.small_draft_ms.get(method, {}).get(top_k, {}).get(n, self.draft_ms[method][top_k])
 
-    def cycle_ms(self, n: int, accepted: float, kv: int = 512) -> float:
-        """A verification of n tokens from which `accepted` draft tokens are accepted (expected)."""
-        return self.verify_at(n, kv) + accepted * self.head_ms
+    def cycle_ms(self, n: int, together: float, alone: float, kv: int = 512) -> float:
+        """A verification of n tokens: T(n), which includes the root's lm_head row, `together` more rows computed in
+        the same product (the acceptance walk's prefetch of the draft's likeliest path, where the head computes
+        rows together) and `alone` rows (expected) computed one at a time, as the walk reads them."""
+        alone_ms = (self.head_alone_ms or self.head_ms) if self.head_together else self.head_ms
+        return self.verify_at(n, kv) + together * self.head_ms + alone * alone_ms
+
+    def tree_cycle_ms(self, n: int, accepted: float, kv: int = 512) -> float:
+        """`cycle_ms` for a tree of n tokens from which `accepted` draft tokens are accepted (expected), taken as a
+        chain: the walk prefetches min(n, PREFETCH_ROWS) rows where the head computes rows together (verify.py),
+        and reads every accepted row past them alone."""
+        together = min(n, PREFETCH_ROWS) - 1 if self.head_together else 0
+        return self.cycle_ms(n, together, max(0.0, accepted - together), kv)
 
     def verify_at(self, n: int, kv: int = 512) -> float:
         """T(n) at a KV length `kv`, linear in both n and kv between the measured points (clamped at the ends)."""
@@ -258,7 +274,8 @@ class MachineProfile:
                          for m, per in c["small_draft_ms"].items()}
                 path = ExecPath(**c["path"])
                 path.torch_dtype  # noqa: B018 (raises KeyError for an unknown dtype)
-                costs.append(PathCost(path, verify, draft, float(c["head_ms"]), small))
+                costs.append(PathCost(path, verify, draft, float(c["head_ms"]), small, bool(c["head_together"]),
+                                      float(c["head_alone_ms"])))
             if not costs or not all(x > 0 for c in costs for v in c.verify_ms.values() for x in v):
                 raise ProfileError("empty or non-positive timings")
             return cls(signature=dict(data["signature"]), model=str(data["model"]), drafters=dict(data["drafters"]),
@@ -332,13 +349,17 @@ class DraftTimer:
     """One drafter's draft work in a cycle after a 256-token prefix, three newly accepted tokens each call: what it
     observes of the previous verification (`Drafter.observe`, counted as drafting by the engine too), `propose`
     and the tree build. The last tokens repeat earlier ones, so that lookup finds matches and the recycling table
-    has rows to draft from."""
+    has rows to draft from. `before` runs untimed just before: a target forward, as in a cycle, so that the draft
+    finds its weights where a verification left them (timed straight after its own set-up, Gumiho's 3-token draft
+    took 1.13 ms against 1.28 after a forward, and 1.05 in the engine's cycles, on a 2-core AMD EPYC Zen 5)."""
 
-    def __init__(self, target: Target, drafter: Drafter, method: str, ids: torch.Tensor, features: torch.Tensor):
+    def __init__(self, target: Target, drafter: Drafter, method: str, ids: torch.Tensor, features: torch.Tensor,
+                 before: Callable[[], object] = lambda: None):
         """`ids` [260] (its last three repeating earlier ones), `features` [260, H]: the target's features for `ids`
         (any path's: the cost does not depend on them)."""
         self.ids, self.features = ids.to(target.device), features.to(target.device, target.dtype)
         self.target, self.drafter, self.method, self.device = target, drafter, method, target.device
+        self.before = before
 
     @torch.inference_mode()
     def __call__(self, top_k: int, total_tokens: int | None = None) -> float:
@@ -352,6 +373,7 @@ class DraftTimer:
         verified = slice(256, 256 + min(tree.total_tokens, 4))  # a previous verification's rows, as a chain
         parents = list(range(-1, verified.stop - verified.start - 1))
         logits = self.target.logits(self.features[verified])  # the verification's work, not the draft's
+        self.before()
         _sync(self.device)
         start = time.perf_counter()
         drafter.observe(self.ids[verified], self.features[verified], logits, parents)
@@ -394,9 +416,10 @@ def widest_tree(method: str, top_k: int) -> TreeSettings:
 
 
 @torch.inference_mode()
-def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> float:
-    """What one more lm_head row costs a verification (after a warm-up call): a one-row product, or where the
-    head computes rows together (`Target.head_batches`) what a second row adds to a product."""
+def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> tuple[float, float]:
+    """What one more lm_head row costs a verification (after a warm-up call), and one row in a product of its own:
+    both a one-row product, except where the head computes rows together (`Target.head_batches`): there the first
+    is what a second row adds to a product."""
 
     def timed(rows: torch.Tensor) -> float:
         times = []
@@ -408,9 +431,10 @@ def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> float:
             times.append((time.perf_counter() - start) * 1e3)
         return low(times[1:])
 
+    alone = timed(feature)
     if target.head_batches:
-        return max(0.0, timed(feature.expand(2, -1)) - timed(feature))
-    return timed(feature)
+        return max(0.0, timed(feature.expand(2, -1)) - alone), alone
+    return alone, alone
 
 
 def low(values: list[float]) -> float:
@@ -438,8 +462,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     ids = torch.randint(target.vocab_size, (260,), generator=torch.Generator().manual_seed(1)).to(target.device)
     ids[254:260] = ids[100:106].clone()  # a repeat, so that lookup matches and recycling has table rows
     features = target.features(ids, target.new_cache())
-    draft = [{m: DraftTimer(r, drafter_for(d, r), m, ids, features) for m, d in sorted(drafters.items())}
-             for r in runners]
+    draft = [{m: DraftTimer(r, drafter_for(d, r), m, ids, features, before=lambda v=timers[0]: v(1))
+              for m, d in sorted(drafters.items())}
+             for r, timers in zip(runners, verify)]
     warm = [[{} for _ in KV_LENGTHS] for _ in paths]
     verify_ms = [[{n: [] for n in SIZES} for _ in KV_LENGTHS] for _ in paths]
     draft_ms = [{m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for _ in paths]
@@ -471,14 +496,17 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                 bar.update()
                 if on_progress and bar.n * 10 // bar.total != (bar.n - 1) * 10 // bar.total:  # every 10%
                     on_progress(bar.n / bar.total)
-    costs = [PathCost(path,
-                      {kv: [low(verify_ms[i][j][n]) if verify_ms[i][j][n] else warm[i][j][n] for n in SIZES]
-                       for j, kv in enumerate(KV_LENGTHS)},
-                      {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
-                      head_row_ms(runner, features[-1:].to(runner.dtype), repeats),
-                      {m: {k: {n: low(v) for n, v in by_n.items()} for k, by_n in per.items()}
-                       for m, per in small_ms[i].items()})
-             for i, (path, runner) in enumerate(zip(paths, runners))]
+    costs = []
+    for i, (path, runner) in enumerate(zip(paths, runners)):
+        head_ms, head_alone_ms = head_row_ms(runner, features[-1:].to(runner.dtype), repeats)
+        costs.append(PathCost(path,
+                              {kv: [low(verify_ms[i][j][n]) if verify_ms[i][j][n] else warm[i][j][n] for n in SIZES]
+                               for j, kv in enumerate(KV_LENGTHS)},
+                              {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
+                              head_ms,
+                              {m: {k: {n: low(v) for n, v in by_n.items()} for k, by_n in per.items()}
+                               for m, per in small_ms[i].items()},
+                              runner.head_batches, head_alone_ms))
     return MachineProfile(signature=signature(target.device), model=target.name,
                           drafters={m: drafter_key(d) for m, d in drafters.items()}, costs=costs,
                           seconds=round(time.perf_counter() - start, 1))

@@ -8,10 +8,12 @@ accepted path (bins of exp(score)). It starts from a prior (exp(score) itself, w
 learns from every verification of the run, so it fits the drafter, the target and the text at hand, and needs
 no file. Then
 
-    n* = argmax over n of (1 + E[accepted draft tokens | n]) / (T(n) + E[accepted | n] * head),
+    n* = argmax over n of (1 + E[accepted draft tokens | n]) / (T(n) + head rows),
 
 T(n) being the machine profile's cost of verifying n tokens at the current KV length, with one lm_head row, and
-head the cost of each further row the acceptance walk reads. n = 1 is a plain AR step
+the head rows those the acceptance walk reads past the root's: one row of its own per accepted node, except where
+the head computes rows together, and the walk computes the draft's likeliest path (up to verify.PREFETCH_ROWS
+rows) in the root's product whatever is accepted, and only accepted nodes off it alone. n = 1 is a plain AR step
 (the draft is not verified) and wins whenever the draft is too unsure to pay for the extra rows. Which nodes are
 kept stays the best-scored subset, so exactness is untouched: only how many is decided here.
 """
@@ -25,6 +27,7 @@ from typing import Callable
 import torch
 
 from .tree import DraftPool
+from .verify import PREFETCH_ROWS
 
 BINS = 16  # bins of exp(score), the draft's own probability, over [0, 1]
 PRIOR_WEIGHT = 2.0
@@ -56,10 +59,12 @@ class Calibration:
 
 @dataclass
 class Sizer:
-    """Per-cycle n for one run. `cost(n, accepted, kv)`: the ms of verifying n tokens, `accepted` of them accepted
-    (each costs one more lm_head row), on a KV cache of kv tokens (`PathCost.cycle_ms`)."""
+    """Per-cycle n for one run. `cost(n, together, alone, kv)`: the ms of verifying n tokens on a KV cache of kv
+    tokens with `together` lm_head rows computed in the root's product and `alone` (expected) one at a time
+    (`PathCost.cycle_ms`). `together`: whether the head computes rows together (the walk's prefetch)."""
 
-    cost: Callable[[int, float, int], float]
+    cost: Callable[[int, float, float, int], float]
+    together: bool = False
     calibration: Calibration = field(default_factory=Calibration)
 
     def probability(self, score: float) -> float:
@@ -77,12 +82,20 @@ class Sizer:
             return 1, 0.0
         scores = torch.cat(pool.scores)
         order = torch.cat(pool.priorities) if pool.priorities else scores
-        ranked = scores[torch.sort(order, descending=True, stable=True).indices[: most - 1]].tolist()
+        kept = torch.sort(order, descending=True, stable=True).indices[: most - 1]
         chance = math.exp if calibrated else self.probability
-        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, kv), 0.0, 0.0
-        for i, score in enumerate(ranked, start=2):
-            expected += chance(score)
-            rate = (1.0 + expected) / self.cost(i, expected, kv)
+        best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, 0.0, kv), 0.0, 0.0
+        # The prefetched path: from the root, each node's first kept child (the best-ranked one), PREFETCH_ROWS rows.
+        path_end, together, alone = -1, 0, 0.0
+        ranked = zip(kept.tolist(), torch.cat(pool.parents)[kept].tolist(), scores[kept].tolist())
+        for i, (node, parent, score) in enumerate(ranked, start=2):
+            p = chance(score)
+            expected += p
+            if self.together and parent == path_end and together + 1 < PREFETCH_ROWS:
+                path_end, together = node, together + 1
+            else:
+                alone += p
+            rate = (1.0 + expected) / self.cost(i, together, alone, kv)
             if rate > best_rate:
                 best_n, best_rate, best_expected = i, rate, expected
         return best_n, best_expected

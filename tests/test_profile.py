@@ -55,6 +55,32 @@ def test_measure_times_every_candidate_path_size_and_top_k():
     assert MachineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
 
 
+def test_a_draft_is_timed_after_a_target_forward_as_in_a_cycle(monkeypatch):
+    """The draft timer's set-up drafts once over the prefix (warming the drafter's weights); `before` (the
+    profile's one-token target forward) then runs, untimed, between it and the timed draft."""
+    target, drafters = tiny_setup()
+    drafter, events = prof.drafter_for(drafters["gumiho"], target), []
+    ids = torch.randint(32, (260,), generator=torch.Generator().manual_seed(0))
+    features = target.features(ids, target.new_cache())
+    clock = iter(range(1000))
+    with monkeypatch.context() as patch:
+        patch.setattr(drafter, "propose", lambda *a, real=drafter.propose: events.append("propose") or real(*a))
+        patch.setattr(prof.time, "perf_counter", lambda: events.append("clock") or next(clock))
+        timer = prof.DraftTimer(target, drafter, "gumiho", ids, features, before=lambda: events.append("forward"))
+        assert timer(2, 3) == 1e3  # one tick of the stand-in clock: only the draft is timed
+    assert events == ["propose", "forward", "clock", "propose", "clock"]
+    profile = prof.measure(target, drafters, repeats=1, top_ks=(2,), progress=False)
+    calls = []
+    monkeypatch.setattr(prof.VerifyTimer, "__call__", lambda self, n: calls.append(n) or 1.0)
+    prof.measure(target, drafters, repeats=1, top_ks=(2,), progress=False)
+    drafts = sum(len(per) + sum(len(s) for s in profile.costs[0].small_draft_ms.get(m, {}).values())
+                 for m, per in profile.costs[0].draft_ms.items())
+    verifications = len(prof.KV_LENGTHS) * len(SIZES)
+    # per path and repeat (the warm-up's included): each size's verification, and a one-token forward per draft
+    assert calls.count(1) == 2 * len(profile.costs) * (len(prof.KV_LENGTHS) + drafts)
+    assert len(calls) == 2 * len(profile.costs) * (verifications + drafts)
+
+
 def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_dir, monkeypatch):
     target, drafters = tiny_setup()
     calls = []
@@ -122,8 +148,24 @@ def test_a_verification_curve_that_falls_with_n_is_fitted_nondecreasing():
     store = {"signature": {}, "model": "m", "drafters": {}, "seconds": 1.0, "version": prof.VERSION,
              "costs": [{"path": {"dtype": "int4", "forward": "lean", "pack": True},
                         "verify_ms": {"256": noisy, "1024": rising}, "draft_ms": {}, "head_ms": 1.0,
-                        "small_draft_ms": {}}]}
-    assert MachineProfile.from_dict(store).costs[0].verify_ms[256] == fitted
+                        "small_draft_ms": {}, "head_together": True, "head_alone_ms": 3.0}]}
+    loaded = MachineProfile.from_dict(store).costs[0]
+    assert loaded.verify_ms[256] == fitted and loaded.head_together and loaded.head_alone_ms == 3.0
+
+
+def test_head_rows_are_costed_as_the_walk_computes_them():
+    """A head that computes rows together: the rows of the draft's likeliest path come with the root's product
+    (head_ms each), a row read off it costs a product of its own (head_alone_ms); a head that does not: every row
+    is a product of its own (head_ms)."""
+    curve = [10.0 + n for n in SIZES]
+    together = PathCost(ExecPath("int4"), {256: curve, 1024: curve}, head_ms=0.25, head_together=True,
+                        head_alone_ms=2.0)
+    assert together.cycle_ms(3, 2, 0.5, 256) == pytest.approx(13.0 + 2 * 0.25 + 0.5 * 2.0)
+    # a chain of n tokens: min(n, 4) rows in one product whatever is accepted; accepted rows past them alone
+    assert together.tree_cycle_ms(3, 0.4, 256) == pytest.approx(13.0 + 2 * 0.25)
+    assert together.tree_cycle_ms(6, 4.5, 256) == pytest.approx(16.0 + 3 * 0.25 + 1.5 * 2.0)
+    alone = PathCost(ExecPath("float32"), {256: curve, 1024: curve}, head_ms=2.0)
+    assert alone.tree_cycle_ms(3, 0.4, 256) == alone.cycle_ms(3, 0, 0.4, 256) == pytest.approx(13.0 + 0.8)
 
 
 def test_acceptance_gives_the_tau_each_tree_size_would_have_had(tmp_path):
@@ -150,8 +192,10 @@ def test_best_tree_maximises_expected_tokens_per_s():
         for n in SIZES[1:]:
             widest = prof.widest_tree("gumiho", k)
             if n <= widest.total_tokens:
-                rates[(k, n)] = 1e3 * deep_acceptance().tau(k, n) / (cost.draft_ms["gumiho"][k] + cost.verify_at(n, 512))
-    cycle = {(k, n): cost.draft_ms["gumiho"][k] + cost.verify_at(n, 512) for k, n in rates}
+                tau = deep_acceptance().tau(k, n)
+                rates[(k, n)] = 1e3 * tau / (cost.draft_ms["gumiho"][k] + cost.tree_cycle_ms(n, tau - 1, 512))
+    cycle = {(k, n): cost.draft_ms["gumiho"][k] + cost.tree_cycle_ms(n, deep_acceptance().tau(k, n) - 1, 512)
+             for k, n in rates}
     near = [t for t, rate in rates.items() if rate * (1 + CHEAPER_WITHIN) >= max(rates.values())]
     k, n = min(near, key=cycle.get)  # the cheapest cycle among the trees expected nearly as fast as the fastest
     assert (chosen.tree.top_k, chosen.tree.total_tokens) == (k, n)

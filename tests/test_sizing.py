@@ -3,6 +3,7 @@ change how many and which candidates are verified, never the output."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -24,8 +25,8 @@ def chain_pool(scores: list[float]) -> DraftPool:
     return pool
 
 
-def linear_cost(n: int, accepted: float, kv: int) -> float:
-    return 20.0 + 5.0 * (n - 1) + 1.0 * accepted  # each verified token costs a quarter of a step
+def linear_cost(n: int, together: float, alone: float, kv: int) -> float:
+    return 20.0 + 5.0 * (n - 1) + 1.0 * (together + alone)  # each verified token costs a quarter of a step
 
 
 def test_a_sure_draft_is_verified_deep_and_an_unsure_one_not_at_all():
@@ -35,6 +36,33 @@ def test_a_sure_draft_is_verified_deep_and_an_unsure_one_not_at_all():
     assert sizer.choose(chain_pool([-4.0, -5.0, -6.0]), most=4, kv=100) == (1, 0.0)  # plain AR step
     assert sizer.choose(chain_pool([-0.01, -0.02]), most=2, kv=100)[0] == 2  # the cap
     assert sizer.choose(DraftPool(), most=8, kv=100) == (1, 0.0)
+
+
+def test_rows_off_the_prefetched_path_are_costed_alone():
+    """Where the head computes rows together, the walk prefetches the likeliest path (each node's best kept child,
+    up to PREFETCH_ROWS rows with the root's): the sizer costs those rows whatever is accepted, and a kept node off
+    that path at its chance of being read alone."""
+    calls = []
+
+    def cost(n: int, together: float, alone: float, kv: int) -> float:
+        calls.append((n, together, round(alone, 6)))
+        return 10.0 + n
+
+    pool = DraftPool()
+    first = pool.add(torch.tensor([5, 6]), torch.tensor([-1, -1]), torch.tensor([-0.1, -2.0]), "serial-1", 1)
+    pool.add(torch.tensor([7]), first[:1], torch.tensor([-0.3]), "serial-2", 2)
+    sizer = Sizer(cost, together=True)
+    sizer.choose(pool, most=4, kv=100, calibrated=True)
+    # ranked: token 5 (on the path), its child 7 (on the path), then 6 (a sibling of 5: off the path)
+    assert calls == [(1, 0, 0.0), (2, 1, 0.0), (3, 2, 0.0), (4, 2, round(math.exp(-2.0), 6))]
+    calls.clear()
+    Sizer(cost).choose(pool, most=4, kv=100, calibrated=True)  # rows one at a time: every accepted row alone
+    assert [c[1] for c in calls] == [0, 0, 0, 0]
+    assert calls[-1][2] == round(math.exp(-0.1) + math.exp(-0.3) + math.exp(-2.0), 6)
+    calls.clear()
+    Sizer(cost, together=True).choose(chain_pool([-0.01] * 6), most=7, kv=100, calibrated=True)
+    assert [c[1] for c in calls] == [0, 1, 2, 3, 3, 3, 3]  # PREFETCH_ROWS rows in one product, the root's included
+    assert calls[-1][2] == round(3 * math.exp(-0.01), 6)
 
 
 def test_the_calibration_learns_what_the_target_accepts():
