@@ -77,6 +77,17 @@ def test_the_prefill_fills_the_table_from_the_prompts_last_rows(monkeypatch):
     assert (recycle.next_ids[[3, 4]] == -1).all()  # the first positions are beyond PROMPT_ROWS
 
 
+def test_the_prompt_rows_go_through_a_packed_head_where_lookups_few_do_not():
+    """Recycling's prefill runs hundreds of prompt rows through the lm_head: its copy is oneDNN-packed (the
+    learned drafters' too); prompt lookup's, which reads at most a few rows, is not. Either way fp32."""
+    target = tiny_target(vocab=VOCAB)
+    recycle = weight_free("recycle", target.model.config).attach(target.embed_weight, target.head_weight)
+    lookup = weight_free("lookup", target.model.config).attach(target.embed_weight, target.head_weight)
+    assert recycle._head.pack and not lookup._head.pack
+    features = torch.randn(6, target.embed_weight.shape[1])
+    torch.testing.assert_close(recycle.head_logits(features), features @ target.head_weight.T)
+
+
 def test_reset_empties_the_table_unless_hot_start():
     for hot in (False, True):
         recycle = drafter(hot_start=hot)

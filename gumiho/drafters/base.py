@@ -316,9 +316,10 @@ class WeightFreeDrafter(Drafter):
     records the target's sizes, so that it attaches like any drafter; it never uses the draft vocabulary. Its pool
     is scored so that a child never ranks above its parent, as `tree.build_tree` requires."""
 
+    pack_head = False  # no oneDNN-packed copy of the lm_head where at most a few rows per generation go through it
+
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, pack: bool = True) -> Drafter:
-        # No oneDNN-packed copy of the lm_head: at most a few prompt rows per generation go through it.
-        return super().attach(embed_weight, head_weight, pack=False)
+        return super().attach(embed_weight, head_weight, pack=pack and self.pack_head)
 
     def quantize_head(self) -> None:
         """No 4-bit copy of the lm_head either (the int4 path): the plain one serves those few rows."""
