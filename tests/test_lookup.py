@@ -3,6 +3,7 @@ the sequence, exactness on the real model, and the command line's n-gram options
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,7 +14,7 @@ import torch
 
 from gumiho.__main__ import main
 from gumiho.drafters import LookupDrafter, weight_free
-from gumiho.drafters.lookup import Match, find_matches, lookup_pool
+from gumiho.drafters.lookup import Match, continues, find_matches, lookup_pool
 from gumiho.engine import GenerationConfig
 from gumiho.errors import GumihoError
 from gumiho.trace import METHODS
@@ -98,6 +99,16 @@ def test_depth_caps_the_continuations_and_scores_fall_along_them():
     assert_scores_fall(pool)
     built = build_tree(2, pool, 3)  # the rerank keeps a tree: the first two of the chain
     assert built.tokens.tolist() == [2, 3, 4] and built.parents == [-1, 0, 1]
+
+
+def test_a_lone_match_scores_its_prior_chance_token_by_token():
+    """One 2-token match: its first token has the prior chance of a 2-token match going on, and each further token
+    that of a match one token longer (a right token lengthens the match)."""
+    sequence = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2])
+    scores = [s for _, _, s, _ in pool_nodes(lookup_pool(sequence, tree(depth=3)))]
+    chances = [math.exp(s) for s in scores]
+    assert chances == pytest.approx([continues(2), continues(2) * continues(3), continues(2) * continues(3) * continues(4)])
+    assert continues(1) < 0.25 < continues(2) < continues(3) < continues(4) < 1  # a one-token match is a weak hint
 
 
 def test_random_sequences_always_give_pools_that_build_into_trees():
