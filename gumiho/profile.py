@@ -192,7 +192,7 @@ class PathCost:
     head_ms: float = 0.0  # one more lm_head row: a verification reads one per accepted token (verify.LazyLogits)
     small_draft_ms: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)  # method -> top_k -> n -> ms
     head_together: bool = False  # the head computes rows together: head_ms is what a row adds to a product
-    head_alone_ms: float = 0.0  # then one row in a product of its own (0: head_ms)
+    head_alone_ms: float = 0.0  # one row in a product of its own (head_ms where the head does not batch; 0: head_ms)
 
     def __post_init__(self) -> None:
         self.verify_ms = {kv: nondecreasing(curve) for kv, curve in self.verify_ms.items()}
@@ -206,8 +206,7 @@ class PathCost:
         """A verification of n tokens: T(n), which includes the root's lm_head row, `together` more rows computed in
         the same product (the acceptance walk's prefetch of the draft's likeliest path, where the head computes
         rows together) and `alone` rows (expected) computed one at a time, as the walk reads them."""
-        alone_ms = (self.head_alone_ms or self.head_ms) if self.head_together else self.head_ms
-        return self.verify_at(n, kv) + together * self.head_ms + alone * alone_ms
+        return self.verify_at(n, kv) + together * self.head_ms + alone * (self.head_alone_ms or self.head_ms)
 
     def tree_cycle_ms(self, n: int, accepted: float, kv: int = 512) -> float:
         """`cycle_ms` for a tree of n tokens from which `accepted` draft tokens are accepted (expected), taken as a

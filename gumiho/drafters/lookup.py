@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ def continues(length: int) -> float:
     return length * length / (length * length + 4.0)
 
 
+@cache
 def chance_through(length: int, depth: int) -> float:
     """log of the prior chance that a continuation is right for `depth` tokens after a match of `length`: each right
     token lengthens the match by one."""
