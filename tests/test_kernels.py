@@ -270,3 +270,23 @@ def test_a_drafters_top_tokens_are_the_same_through_the_kernel_and_through_torch
     assert fused[0].shape == plain[0].shape == (*shape[:-1], 5)
     assert torch.equal(fused[1], plain[1]) and set(fused[1].flatten().tolist()) <= set(drafter.draft_vocab.tolist())
     torch.testing.assert_close(fused[0], plain[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels._cpu_flags(),
+                    reason="the 512-bit build needs AVX-512 with VNNI")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32 cache", "fp16 cache"])
+def test_the_512_bit_build_gives_the_256_bit_builds_numbers_bit_for_bit(kernel, monkeypatch, dtype):
+    """attention.cpp's AVX-512 paths only do more of the 256-bit code's float operations per instruction, in the same
+    order: a machine's wider build must not change a single output (a cache tail of any length, masked keys)."""
+    monkeypatch.setattr(kernels, "WIDE", tuple(name for name in kernels.WIDE if name != "attention"))
+    narrow = kernels._build("attention")
+    assert narrow is not None and narrow.__name__ != kernel.__name__
+    g = torch.Generator().manual_seed(7)
+    for past, parents in [(0, [-1]), (37, [-1, 0, 0, 1]), (300, [-1, 0, 1, 2, 0, 4, 1]), (1000, [-1, 0]),
+                          (123, list(range(-1, 16)))]:
+        n = len(parents)
+        keys, values = (torch.randn(2, KV_HEADS, past + n + 5, D, generator=g).to(dtype) for _ in range(2))
+        q = torch.randn(2, KV_HEADS, GROUP * n, D, generator=g) * 3
+        for visible in (tree_visibility(parents, past, batch=2), torch.empty(0, dtype=torch.bool)):
+            assert torch.equal(kernel.attention(q, keys, values, visible, n, past, D ** -0.5),
+                               narrow.attention(q, keys, values, visible, n, past, D ** -0.5)), (past, n)

@@ -35,7 +35,7 @@ import torch
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 THREADED = ("q8_matmul", "q4_matmul", "attention")  # kernels that split their work across torch's threads
-WIDE = ("q4_matmul", "q8_matmul")  # kernels with 512-bit products, built where the processor has AVX-512 with VNNI
+WIDE = ("q4_matmul", "q8_matmul", "attention")  # kernels with 512-bit paths, built where AVX-512 has VNNI
 
 
 def _cpu_flags() -> set[str]:

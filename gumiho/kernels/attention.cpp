@@ -30,6 +30,17 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
 
+// The 512-bit build (AVX-512 F and BW, where the processor has them; kernels/__init__.py's WIDE) does the same float
+// operations per score, per exp and per output as the 256-bit code, in the same order, only more of them per
+// instruction: its numbers are the 256-bit build's, bit for bit (tests/test_kernels.py builds both and compares).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define GUMIHO_WIDE 1
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+
 constexpr int64_t KEY_CHUNK = 64;
 // A call splits its work across torch's threads from this many multiply-adds (B * H * R * total * d). Measured on
 // the 2-core Zen 4 EPYC with each layer's cache cold, as in a forward: splitting paid from about 170k (a one-token
@@ -82,19 +93,91 @@ inline void dots(const float* q, int64_t rows, const T* key, int64_t d, float* o
     }
 }
 
-// out[r * ostride + 0 .. 15] = sum_j p[r * stride + j] * value[j * vstride + 0 .. 15], keys j in order, ROWS rows.
+#ifdef GUMIHO_WIDE
+// scale * (q . key) for `blocks` blocks of 16 consecutive fp32 keys (key rows `kstride` apart) and one query row of
+// D dimensions, into out[0 .. 16 * blocks). Each dot product is the 256-bit `dots`' own: lane l of a 16-lane sum
+// takes dimensions l, l + 16, ... in order (`dots`' two 8-lane sums side by side), then lanes l and l + 8, l and
+// l + 4, l and l + 2, l and l + 1 are added as hsum8 adds them; here those additions run for 16 keys at once, the
+// keys' sums moved between lanes by shuffles (which move values, never round them).
+template <int D>
+inline void scores16(const float* q, const float* key, int64_t kstride, int64_t blocks, float scale, float* out) {
+    constexpr int C = D / 16;
+    __m512 qc[C];
+    for (int c = 0; c < C; ++c) qc[c] = _mm512_loadu_ps(q + 16 * c);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (int64_t block = 0; block < blocks; ++block, key += 16 * kstride, out += 16) {
+        __m512 acc[16];
+        for (int k = 0; k < 16; ++k) {
+            acc[k] = _mm512_fmadd_ps(qc[0], _mm512_loadu_ps(key + k * kstride), _mm512_setzero_ps());
+            for (int c = 1; c < C; ++c)
+                acc[k] = _mm512_fmadd_ps(qc[c], _mm512_loadu_ps(key + k * kstride + 16 * c), acc[k]);
+        }
+        __m512 x[8], z[4], u[2];
+        for (int k = 0; k < 8; ++k)  // lanes l + l + 8: keys 2k, 2k + 1 in the low, high 256 bits
+            x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        for (int m = 0; m < 4; ++m)  // + l + 4: keys 4m .. 4m + 3, one per 128 bits
+            z[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        for (int p = 0; p < 2; ++p)  // + l + 2
+            u[p] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * p], z[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(z[2 * p], z[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        // + l + 1: element 4a + b now holds key a + 4b; put key k at element k.
+        const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                          _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(order, sums), vscale));
+    }
+}
+
+// weighted_sum16's sums over 32 output dimensions for ROWS rows: per output, and per row's sum, the same additions
+// in key order.
+template <int ROWS, typename T>
+inline void weighted_sum32(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total,
+                           float* out, int64_t ostride, float* sums) {
+    __m512 a0[ROWS], a1[ROWS];
+    float s[ROWS];
+    for (int r = 0; r < ROWS; ++r) {
+        a0[r] = a1[r] = _mm512_setzero_ps();
+        s[r] = 0.f;
+    }
+    for (int64_t j = 0; j < total; ++j) {
+        const __m512 v0 = load16(value + j * vstride), v1 = load16(value + j * vstride + 16);
+        for (int r = 0; r < ROWS; ++r) {
+            const float pj = p[r * stride + j];
+            const __m512 w = _mm512_set1_ps(pj);
+            a0[r] = _mm512_fmadd_ps(w, v0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(w, v1, a1[r]);
+            s[r] += pj;
+        }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+        _mm512_storeu_ps(out + r * ostride, a0[r]);
+        _mm512_storeu_ps(out + r * ostride + 16, a1[r]);
+        sums[r] = s[r];
+    }
+}
+#endif
+
+// out[r * ostride + 0 .. 15] = sum_j p[r * stride + j] * value[j * vstride + 0 .. 15], keys j in order, ROWS rows;
+// and sums[r] = sum_j p[r * stride + j], key by key: the one order that a one-token step and every tree node agree
+// on (a masked key adds an exact zero).
 template <int ROWS, typename T>
 inline void weighted_sum16(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total,
-                           float* out, int64_t ostride) {
+                           float* out, int64_t ostride, float* sums) {
+    float s[ROWS];
+    for (int r = 0; r < ROWS; ++r) s[r] = 0.f;
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 a0[ROWS], a1[ROWS];
     for (int r = 0; r < ROWS; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < total; ++j) {
         const __m256 v0 = load8(value + j * vstride), v1 = load8(value + j * vstride + 8);
         for (int r = 0; r < ROWS; ++r) {
-            const __m256 w = _mm256_broadcast_ss(p + r * stride + j);
+            const float pj = p[r * stride + j];
+            const __m256 w = _mm256_set1_ps(pj);
             a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
             a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
+            s[r] += pj;
         }
     }
     for (int r = 0; r < ROWS; ++r) {
@@ -104,11 +187,14 @@ inline void weighted_sum16(const float* p, int64_t stride, const T* value, int64
 #else
     for (int r = 0; r < ROWS; ++r) {
         float acc[16] = {0.f};
-        for (int64_t j = 0; j < total; ++j)
+        for (int64_t j = 0; j < total; ++j) {
             for (int i = 0; i < 16; ++i) acc[i] += p[r * stride + j] * static_cast<float>(value[j * vstride + i]);
+            s[r] += p[r * stride + j];
+        }
         for (int i = 0; i < 16; ++i) out[r * ostride + i] = acc[i];
     }
 #endif
+    for (int r = 0; r < ROWS; ++r) sums[r] = s[r];
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -124,7 +210,39 @@ inline __m256 seen8(const bool* seen) {
 // row[j] = visible ? exp(row[j] - top) : 0 for j < total, top being the maximum over the visible keys. The exps
 // are computed eight at a time, a tail through a padded vector, so a value's exp never depends on where it sits.
 inline void softmax_numerators(float* row, const bool* seen, int64_t total) {
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef GUMIHO_WIDE
+    alignas(64) float pad[16];
+    alignas(16) bool pad_seen[16];
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m128i none = _mm_setzero_si128();
+    const int64_t full = total / 16 * 16;
+    __m512 best = ninf;
+    for (int64_t j = 0; j < full; j += 16) {
+        const __mmask16 visible = _mm_cmpneq_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + j)),
+                                                       none);
+        best = _mm512_mask_max_ps(best, visible, best, _mm512_loadu_ps(row + j));
+    }
+    float top = _mm512_reduce_max_ps(best);
+    for (int64_t j = full; j < total; ++j)
+        if (seen[j] && row[j] > top) top = row[j];
+    const __m512 vtop = _mm512_set1_ps(top);
+    for (int64_t j = 0; j < total; j += 16) {
+        const bool tail = j + 16 > total;
+        float* at = tail ? pad : row + j;
+        const bool* mask = tail ? pad_seen : seen + j;
+        if (tail) {
+            for (int64_t i = 0; i < 16; ++i) {
+                pad[i] = j + i < total ? row[j + i] : 0.f;
+                pad_seen[i] = j + i < total && seen[j + i];
+            }
+        }
+        const __mmask16 visible = _mm_cmpneq_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask)),
+                                                       none);
+        _mm512_storeu_ps(at, _mm512_maskz_mov_ps(visible, exp16(_mm512_sub_ps(_mm512_loadu_ps(at), vtop))));
+        if (tail)
+            for (int64_t i = 0; j + i < total; ++i) row[j + i] = pad[i];
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
     alignas(32) float pad[8];
     alignas(1) bool pad_seen[8];
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -180,7 +298,6 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     const bool* vp = causal ? nullptr : vis.data_ptr<bool>();
     auto out = torch::empty_like(q);
     auto probs = torch::empty({B, H, R, total}, q.options());
-    std::vector<float> sums(B * H * R);
     const float* qp = q.data_ptr<float>();
     const T* kp = keys.data_ptr<T>();
     const T* valp = values.data_ptr<T>();
@@ -194,9 +311,39 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     // 1. Scores, key chunk by key chunk (each key read once for all rows of its head).
     const int64_t chunks = (total + KEY_CHUNK - 1) / KEY_CHUNK;
     split(B * H * chunks, work, [&](int64_t begin, int64_t end) {
+#ifdef GUMIHO_WIDE
+        std::vector<float> widened(std::is_same_v<T, float> ? 0 : KEY_CHUNK * d);
+#endif
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / chunks, c = w % chunks, b = bh / H, h = bh % H;
-            for (int64_t j = c * KEY_CHUNK; j < std::min(total, (c + 1) * KEY_CHUNK); ++j) {
+            int64_t j = c * KEY_CHUNK;
+            const int64_t stop = std::min(total, (c + 1) * KEY_CHUNK);
+#ifdef GUMIHO_WIDE
+            // The chunk's whole blocks of 16 keys, widened to fp32 once for all rows (an fp16 cache); head sizes
+            // of 64 and 128 (the others take `dots` below).
+            const int64_t blocks = d == 64 || d == 128 ? (stop - j) / 16 : 0;
+            const T* first = kp + b * ks0 + h * ks1 + j * ks2;
+            const float* keys32 = nullptr;
+            int64_t stride32 = d;
+            if constexpr (std::is_same_v<T, float>) {
+                keys32 = first;
+                stride32 = ks2;
+            } else {
+                for (int64_t k = 0; k < blocks * 16; ++k)
+                    for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(widened.data() + k * d + i, load16(first + k * ks2 + i));
+                keys32 = widened.data();
+            }
+            for (int64_t r = 0; blocks && r < R; ++r) {
+                const float* row = qp + (bh * R + r) * d;
+                float* out = pp + (bh * R + r) * total + j;
+                if (d == 64)
+                    scores16<64>(row, keys32, stride32, blocks, fscale, out);
+                else
+                    scores16<128>(row, keys32, stride32, blocks, fscale, out);
+            }
+            j += blocks * 16;
+#endif
+            for (; j < stop; ++j) {
                 const T* key = kp + b * ks0 + h * ks1 + j * ks2;
                 float score[4];
                 for (int64_t r0 = 0; r0 < R; r0 += 4) {
@@ -218,40 +365,44 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
             softmax_numerators(pp + w * total, causal ? cp + i * total : vp + (b * n + i) * total, total);
         }
     });
-    // Their sums, key by key: the one order that a one-token step and every tree node agree on (a masked key adds
-    // an exact zero). Four rows at a time, so that four independent chains of additions overlap.
-    split((B * H * R + 3) / 4, work, [&](int64_t begin, int64_t end) {
-        for (int64_t w = begin * 4; w < std::min(end * 4, B * H * R); w += 4) {
-            const int64_t rows = std::min<int64_t>(4, B * H * R - w);
-            float s[4] = {0.f, 0.f, 0.f, 0.f};
-            const float* p = pp + w * total;
-            for (int64_t j = 0; j < total; ++j)
-                for (int64_t r = 0; r < 4; ++r)
-                    if (r < rows) s[r] += p[r * total + j];
-            for (int64_t r = 0; r < rows; ++r) sums[w + r] = s[r];
-        }
-    });
-    // 3. Outputs: sum_j p_j v_j in key order, split by head and by slices of 16 output dimensions, four rows at a
-    // time sharing each value slice (a masked key adds p = 0 exactly); then divided by the sum.
-    const int64_t slices = d / 16;
+    // 3. Outputs: sum_j p_j v_j in key order, split by head and by slices of 16 (or 32) output dimensions, four
+    // (eight) rows at a time sharing each value slice (a masked key adds p = 0 exactly); then divided by the row's sum
+    // (each slice adds up its rows' sums again: a few scalar additions beside the multiply-adds).
+#ifdef GUMIHO_WIDE
+    const int64_t width = d % 32 == 0 ? 32 : 16;
+#else
+    const int64_t width = 16;
+#endif
+    const int64_t slices = d / width;
     split(B * H * slices, work, [&](int64_t begin, int64_t end) {
+        std::vector<float> sums(R);
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / slices, s = w % slices, b = bh / H, h = bh % H;
-            const T* value = valp + b * vs0 + h * vs1 + s * 16;
-            for (int64_t r0 = 0; r0 < R; r0 += 4) {
+            const T* value = valp + b * vs0 + h * vs1 + s * width;
+#ifdef GUMIHO_WIDE
+            for (int64_t r0 = 0; width == 32 && r0 < R; r0 += 8) {
                 const float* prob = pp + (bh * R + r0) * total;
-                float* o = op + (bh * R + r0) * d + s * 16;
+                float* o = op + (bh * R + r0) * d + s * width;
+                with_rows(std::min<int64_t>(8, R - r0), [&](auto rows) {
+                    weighted_sum32<decltype(rows)::value>(prob, total, value, vs2, total, o, d, sums.data() + r0);
+                });
+            }
+#endif
+            for (int64_t r0 = 0; width == 16 && r0 < R; r0 += 4) {
+                const float* prob = pp + (bh * R + r0) * total;
+                float* o = op + (bh * R + r0) * d + s * width;
+                float* sum = sums.data() + r0;
                 switch (std::min<int64_t>(4, R - r0)) {
-                    case 1: weighted_sum16<1>(prob, total, value, vs2, total, o, d); break;
-                    case 2: weighted_sum16<2>(prob, total, value, vs2, total, o, d); break;
-                    case 3: weighted_sum16<3>(prob, total, value, vs2, total, o, d); break;
-                    default: weighted_sum16<4>(prob, total, value, vs2, total, o, d); break;
+                    case 1: weighted_sum16<1>(prob, total, value, vs2, total, o, d, sum); break;
+                    case 2: weighted_sum16<2>(prob, total, value, vs2, total, o, d, sum); break;
+                    case 3: weighted_sum16<3>(prob, total, value, vs2, total, o, d, sum); break;
+                    default: weighted_sum16<4>(prob, total, value, vs2, total, o, d, sum); break;
                 }
             }
             for (int64_t r = 0; r < R; ++r) {
-                float* o = op + (bh * R + r) * d + s * 16;
-                const float sum = sums[bh * R + r];
-                for (int64_t i = 0; i < 16; ++i) o[i] = sum > 0.f ? o[i] / sum : 0.f;
+                float* o = op + (bh * R + r) * d + s * width;
+                const float sum = sums[r];
+                for (int64_t i = 0; i < width; ++i) o[i] = sum > 0.f ? o[i] / sum : 0.f;
             }
         }
     });
