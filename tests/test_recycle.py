@@ -77,6 +77,23 @@ def test_the_prefill_fills_the_table_from_the_prompts_last_rows(monkeypatch):
     assert (recycle.next_ids[[3, 4]] == -1).all()  # the first positions are beyond PROMPT_ROWS
 
 
+def test_the_prefill_computes_one_row_per_distinct_token_its_last(monkeypatch):
+    """A token's earlier rows would be overwritten by its last one: the prefill never puts them through the head."""
+    target = tiny_target(vocab=VOCAB)
+    recycle = weight_free("recycle", target.model.config).attach(target.embed_weight, target.head_weight)
+    prompt = torch.tensor([7, 3, 1, 3, 1, 3, 8, 1])
+    features = target.features(prompt, target.new_cache())
+    rows = []
+    head = recycle.head_logits
+    monkeypatch.setattr(recycle, "head_logits", lambda hidden: rows.append(hidden.shape[0]) or head(hidden))
+    recycle.reset()
+    recycle.observe(prompt, features)
+    assert sum(rows) == 4  # tokens 7, 3, 8, 1
+    expected = torch.topk(target.logits(features), recycle.width).indices
+    for token, last in ((7, 0), (3, 5), (8, 6), (1, 7)):
+        assert recycle.next_ids[token].tolist() == expected[last].tolist()
+
+
 def test_the_prompt_rows_go_through_a_packed_head_where_lookups_few_do_not():
     """Recycling's prefill runs hundreds of prompt rows through the lm_head: its copy is oneDNN-packed (the
     learned drafters' too); prompt lookup's, which reads at most a few rows, is not. Either way fp32."""

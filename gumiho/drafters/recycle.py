@@ -24,12 +24,20 @@ import torch
 from ..errors import GumihoError
 from ..tree import RECYCLE_WIDTH, DraftPool, TreeSettings
 from ..verify import LazyLogits
-from .base import WeightFreeDrafter
+from ..kernels import row_ops
+from .base import FUSED_TOP_K, WeightFreeDrafter
 
 TABLE_WIDTH = RECYCLE_WIDTH  # next tokens kept per token: the widest top_k a recycle tree may use
 PROMPT_ROWS = 512  # prompt positions whose logits fill the table after the prefill (the last ones)
 CHUNK = 128  # prompt rows per lm_head call
 SOURCE = "recycle"
+
+
+def last_positions(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct tokens of `tokens` [n] and the position of each one's last occurrence."""
+    unique, inverse = torch.unique(tokens, return_inverse=True)
+    last = torch.full((unique.shape[0],), -1, dtype=torch.long, device=tokens.device)
+    return unique, last.scatter_reduce_(0, inverse, torch.arange(tokens.shape[0], device=tokens.device), "amax")
 
 
 class RecycleDrafter(WeightFreeDrafter):
@@ -63,6 +71,8 @@ class RecycleDrafter(WeightFreeDrafter):
                 parents: list[int] | None = None) -> None:
         if logits is None:  # the prefill: the lm_head over the prompt's last rows, a chunk at a time
             tokens, features = tokens[-PROMPT_ROWS:], features[-PROMPT_ROWS:]
+            last = last_positions(tokens)[1]  # a token's earlier rows would be overwritten: never computed
+            tokens, features = tokens[last], features[last]
             for start in range(0, tokens.shape[0], CHUNK):
                 self.record(tokens[start:start + CHUNK], self.head_logits(features[start:start + CHUNK]))
         elif isinstance(logits, LazyLogits):  # a verification: the rows its acceptance walk computed (free)
@@ -77,13 +87,15 @@ class RecycleDrafter(WeightFreeDrafter):
         tokens, the last one's row is kept."""
         self._table(tokens.device)
         logits = logits.float()
-        values, ids = torch.topk(logits, self.width, dim=-1)
-        logp = (values - torch.logsumexp(logits, -1, keepdim=True)).clamp(max=0.0)
-        unique, inverse = torch.unique(tokens, return_inverse=True)
-        last = torch.full((unique.shape[0],), -1, dtype=torch.long, device=tokens.device)
-        last.scatter_reduce_(0, inverse, torch.arange(tokens.shape[0], device=tokens.device), "amax")
+        fused = row_ops() if logits.device.type == "cpu" and self.width <= FUSED_TOP_K else None
+        if fused is not None:  # one pass over each row instead of a top-k and a logsumexp (kernels/rows.cpp)
+            logp, ids = fused.top_logprobs(logits, self.width, 1.0)
+        else:
+            values, ids = torch.topk(logits, self.width, dim=-1)
+            logp = values - torch.logsumexp(logits, -1, keepdim=True)
+        unique, last = last_positions(tokens)
         self.next_ids[unique] = ids[last].to(torch.int32)
-        self.next_logp[unique] = logp[last]
+        self.next_logp[unique] = logp[last].clamp(max=0.0)
 
     # --- drafting -------------------------------------------------------------------------------------------------
     def check_tree(self, tree: TreeSettings) -> None:
