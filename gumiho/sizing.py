@@ -24,8 +24,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from .tree import DraftPool
 from .verify import PREFETCH_ROWS
 
@@ -80,14 +78,16 @@ class Sizer:
         log of each node's chance (tree.merge_pools), read as they are."""
         if not pool.size or most < 2:
             return 1, 0.0
-        scores = torch.cat(pool.scores)
-        order = torch.cat(pool.priorities) if pool.priorities else scores
-        kept = torch.sort(order, descending=True, stable=True).indices[: most - 1]
+        # Python lists, not tensor operations: a CPU's sized pools hold a few nodes, and four tensor calls cost more.
+        scores = [x for layer in pool.scores for x in layer.tolist()]
+        order = [x for layer in pool.priorities for x in layer.tolist()] if pool.priorities else scores
+        parents = [x for layer in pool.parents for x in layer.tolist()]
+        kept = sorted(range(len(order)), key=order.__getitem__, reverse=True)[: most - 1]  # stable: ties keep order
         chance = math.exp if calibrated else self.probability
         best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, 0.0, kv), 0.0, 0.0
         # The prefetched path: from the root, each node's first kept child (the best-ranked one), PREFETCH_ROWS rows.
         path_end, together, alone = -1, 0, 0.0
-        ranked = zip(kept.tolist(), torch.cat(pool.parents)[kept].tolist(), scores[kept].tolist())
+        ranked = ((node, parents[node], scores[node]) for node in kept)
         for i, (node, parent, score) in enumerate(ranked, start=2):
             p = chance(score)
             expected += p

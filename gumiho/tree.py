@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 import torch
@@ -88,6 +89,7 @@ class DraftTree:
     paths: torch.Tensor  # [L, D+1] long
     filled: torch.Tensor  # [L, D+1] bool
     picked: list[int] = field(default_factory=list)  # each node's index in the pool it was kept from; -1: the root
+    positions: torch.Tensor | None = None  # the depths as a tensor, where build_tree made the tree
 
     @property
     def size(self) -> int:
@@ -95,7 +97,7 @@ class DraftTree:
 
     @property
     def position_ids(self) -> torch.Tensor:
-        return torch.tensor(self.depths, device=self.tokens.device)
+        return self.positions if self.positions is not None else torch.tensor(self.depths, device=self.tokens.device)
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in self.parents]
@@ -157,6 +159,37 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
             sources.append(pool.sources[node])
             node_scores.append(scores[node])
             picked.append(node)
+    shape = tree_shape(tuple(parents), device)
+    return DraftTree(
+        tokens=torch.tensor(tokens, device=device),
+        parents=parents,
+        depths=list(shape.depths),
+        scores=node_scores,
+        sources=sources,
+        mask=shape.mask,
+        paths=shape.paths,
+        filled=shape.filled,
+        picked=picked,
+        positions=shape.positions,
+    )
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What a tree's parents alone decide, its tensors shared by every tree of that shape (never written to:
+    `with_fta` copies before it changes them)."""
+
+    depths: tuple[int, ...]
+    mask: torch.Tensor
+    paths: torch.Tensor
+    filled: torch.Tensor
+    positions: torch.Tensor
+
+
+@lru_cache(maxsize=512)
+def tree_shape(parents: tuple[int, ...], device: torch.device) -> TreeShape:
+    """The shape of a tree with these `parents` (-1 for the root). Cached: a run's sized trees take a few shapes
+    over and over, and building these tensors afresh cost about 0.05 ms a cycle on a CPU."""
     n = len(parents)
     depths, ancestors = [0] * n, [[0]]
     for i in range(1, n):
@@ -170,17 +203,8 @@ def build_tree(root_token: int, pool: DraftPool, total_tokens: int, device: torc
     leaves = [i for i in range(n) if not is_parent[i]]
     width = max(depths) + 1
     paths = torch.tensor([ancestors[leaf] + [-1] * (width - len(ancestors[leaf])) for leaf in leaves], dtype=torch.long)
-    return DraftTree(
-        tokens=torch.tensor(tokens, device=device),
-        parents=parents,
-        depths=depths,
-        scores=node_scores,
-        sources=sources,
-        mask=mask.to(device),
-        paths=paths.to(device),
-        filled=torch.zeros_like(paths, dtype=torch.bool).to(device),
-        picked=picked,
-    )
+    return TreeShape(tuple(depths), mask.to(device), paths.to(device),
+                     torch.zeros_like(paths, dtype=torch.bool).to(device), torch.tensor(depths, device=device))
 
 
 @dataclass
