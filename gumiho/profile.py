@@ -15,8 +15,8 @@ packing):
               prefetches the draft's likeliest path, and an accepted node off it costs this much;
   draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix and a
               target forward (as in a cycle, the draft finds its weights where a verification left them);
-  small_draft_ms  the same for the sizes too small to keep a dynamic drafter's deeper nodes (it stops drafting
-              there: `TreeSettings.drafted_depth`), for each such size.
+  small_draft_ms  the same for the sizes too small to keep a drafter's deeper nodes (a dynamic drafter stops
+              there, `TreeSettings.drafted_depth`; a static tree's layout is shallower), for each such size.
 
 The profile is cached in `$GUMIHO_CACHE/profiles/` under the machine's signature (processor and its features,
 device, threads, torch version); a new processor, or a file that does not parse as a profile, is measured again.
@@ -42,14 +42,14 @@ from tqdm import tqdm
 from .drafters import Drafter
 from .int4 import int4_available
 from .packed import packing_enabled, packs
-from .static_tree import STATIC_METHODS
+from .static_tree import STATIC_METHODS, layout
 from .target import Target, cache_root
 from .tree import TreeSettings, build_tree
 from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 17  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 18  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -58,7 +58,8 @@ VERSION = 17  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 12: the 8-bit lm_head rounds its input to 8 bits (integer dot products); 13: draft heads' top-k in one kernel call;
 # 14: 512-bit 4-bit products and 8-bit head where AVX-512 runs VNNI; the prefill file names the attention dtype;
 # 15: the int4 path's KV cache in fp16; 16: drafts timed after a target forward, the head's rows alone and together;
-# 17: 512-bit attention where AVX-512 runs VNNI (the extra rows of a tree over 1,024 cached tokens 23-33% cheaper)
+# 17: 512-bit attention where AVX-512 runs VNNI (the extra rows of a tree over 1,024 cached tokens 23-33% cheaper);
+# 18: static trees' small drafts timed (EAGLE's 2-token tree was costed as its 60-token tree's draft)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
@@ -385,12 +386,18 @@ class DraftTimer:
 
 def small_sizes(method: str, top_k: int) -> tuple[int, ...]:
     """The profiled sizes (the choice's candidates) at which `method`'s drafter stops before the widest tree's depth:
-    each costs its own draft. Only for top_k up to SMALL_TOP_K: a wider first layer never accepts more at these
-    sizes (the shipped drafters' statistics: within 0.05 tokens of top_k 4 up to 6 tokens) and costs more, so its
-    full draft's cost (an overestimate) leaves the choice unchanged, for a shorter profile."""
+    each costs its own draft. A static tree's layout of n tokens is as deep as its first n - 1 paths reach (EAGLE
+    drafts, and Medusa and Hydra run heads, that deep only: 2 tokens cost EAGLE's drafter one level, not the
+    widest tree's five). A dynamic drafter's only for top_k up to SMALL_TOP_K: a wider first layer never accepts more
+    at these sizes (the shipped drafters' statistics: within 0.05 tokens of top_k 4 up to 6 tokens) and costs more,
+    so its full draft's cost (an overestimate) leaves the choice unchanged, for a shorter profile."""
+    widest = widest_tree(method, top_k)
+    if method in STATIC_METHODS:
+        full = layout(method, widest.depth, widest.total_tokens - 1).depth
+        return tuple(n for n in SIZES if 2 <= n < widest.total_tokens
+                     and layout(method, widest.depth, n - 1).depth < full)
     if method not in DEPTH_CAPPED or top_k > SMALL_TOP_K:
         return ()
-    widest = widest_tree(method, top_k)
     return tuple(n for n in SIZES if 2 <= n < widest.total_tokens
                  and replace(widest, total_tokens=n).drafted_depth < widest.depth)
 

@@ -16,6 +16,7 @@ from gumiho.choice import CHEAPER_WITHIN, best_tree, choose
 from gumiho.engine import GenerationConfig
 from gumiho.errors import GumihoError
 from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost
+from gumiho.static_tree import layout
 from gumiho.target import parse_dtype, pick_device
 from gumiho.trace import GenerationTrace
 from gumiho.tree import TreeSettings
@@ -53,6 +54,20 @@ def test_measure_times_every_candidate_path_size_and_top_k():
     assert prof.small_sizes("lookup", 1) == ()
     assert profile.signature == prof.signature(target.device)
     assert MachineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+
+
+def test_a_static_trees_small_sizes_are_those_its_layout_keeps_shallower():
+    """A static tree of n tokens is its first n - 1 paths: EAGLE drafts, and Medusa runs heads, only that deep, so
+    the profile times those drafts on their own rather than charging the widest tree's."""
+    for method in ("eagle1", "medusa", "hydra"):
+        widest = prof.widest_tree(method, 4)
+        sizes = prof.small_sizes(method, widest.top_k)
+        assert sizes and sizes[0] == 2 and max(sizes) < widest.total_tokens
+        depth = layout(method, widest.depth, widest.total_tokens - 1).depth
+        assert all(layout(method, widest.depth, n - 1).depth < depth for n in sizes)
+        assert all(layout(method, widest.depth, n - 1).depth == depth
+                   for n in SIZES if max(sizes) < n < widest.total_tokens)
+    assert prof.small_sizes("eagle1", 4)[0] == 2 and layout("eagle1", 5, 1).depth == 1
 
 
 def test_a_draft_is_timed_after_a_target_forward_as_in_a_cycle(monkeypatch):
