@@ -25,9 +25,15 @@ namespace {
 using Half = at::Half;
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Eight cache entries as fp32.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// A vector's worth of cache entries (fp32 or fp16) as fp32.
+inline __m256 widen(Floats8, const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 widen(Floats8, const Half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#else
+struct Floats8 {  // plain C++: the weighted sums' slices of 16 outputs
+    static constexpr int lanes = 8;
+};
 #endif
 
 // The 512-bit build (AVX-512 F and BW, where the processor has them; kernels/__init__.py's WIDE) does the same float
@@ -35,8 +41,8 @@ inline __m256 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(rein
 // instruction: its numbers are the 256-bit build's, bit for bit (tests/test_kernels.py builds both and compares).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define GUMIHO_WIDE 1
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const Half* p) {
+inline __m512 widen(Floats16, const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 widen(Floats16, const Half* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 #endif
@@ -67,7 +73,7 @@ inline void dots(const float* q, const T* key, int64_t d, float* out) {
     __m256 s0[ROWS], s1[ROWS];
     for (int r = 0; r < ROWS; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 16) {
-        const __m256 k0 = load8(key + i), k1 = load8(key + i + 8);
+        const __m256 k0 = widen(Floats8{}, key + i), k1 = widen(Floats8{}, key + i + 8);
         for (int r = 0; r < ROWS; ++r) {
             s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), k0, s0[r]);
             s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i + 8), k1, s1[r]);
@@ -129,145 +135,105 @@ inline void scores16(const float* q, const float* key, int64_t kstride, int64_t 
         _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(order, sums), vscale));
     }
 }
-
-// weighted_sum16's sums over 32 output dimensions for ROWS rows: per output, and per row's sum, the same additions
-// in key order.
-template <int ROWS, typename T>
-inline void weighted_sum32(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total,
-                           float* out, int64_t ostride, float* sums) {
-    __m512 a0[ROWS], a1[ROWS];
-    float s[ROWS];
-    for (int r = 0; r < ROWS; ++r) {
-        a0[r] = a1[r] = _mm512_setzero_ps();
-        s[r] = 0.f;
-    }
-    for (int64_t j = 0; j < total; ++j) {
-        const __m512 v0 = load16(value + j * vstride), v1 = load16(value + j * vstride + 16);
-        for (int r = 0; r < ROWS; ++r) {
-            const float pj = p[r * stride + j];
-            const __m512 w = _mm512_set1_ps(pj);
-            a0[r] = _mm512_fmadd_ps(w, v0, a0[r]);
-            a1[r] = _mm512_fmadd_ps(w, v1, a1[r]);
-            s[r] += pj;
-        }
-    }
-    for (int r = 0; r < ROWS; ++r) {
-        _mm512_storeu_ps(out + r * ostride, a0[r]);
-        _mm512_storeu_ps(out + r * ostride + 16, a1[r]);
-        sums[r] = s[r];
-    }
-}
 #endif
 
-// out[r * ostride + 0 .. 15] = sum_j p[r * stride + j] * value[j * vstride + 0 .. 15], keys j in order, ROWS rows;
-// and sums[r] = sum_j p[r * stride + j], key by key: the one order that a one-token step and every tree node agree
-// on (a masked key adds an exact zero).
-template <int ROWS, typename T>
-inline void weighted_sum16(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total,
-                           float* out, int64_t ostride, float* sums) {
+// out[r * ostride + i] = sum_j p[r * stride + j] * value[j * vstride + i] for the 2 x F::lanes outputs i of a slice,
+// keys j in order, ROWS rows sharing each value slice; and sums[r] = sum_j p[r * stride + j], key by key: the one
+// order that a one-token step and every tree node agree on (a masked key adds an exact zero). Per output the same
+// multiply-adds whatever the width.
+template <typename F, int ROWS, typename T>
+inline void weighted_sums(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total,
+                          float* out, int64_t ostride, float* sums) {
+    constexpr int W = F::lanes;
     float s[ROWS];
     for (int r = 0; r < ROWS; ++r) s[r] = 0.f;
 #if defined(__AVX2__) && defined(__FMA__)
-    __m256 a0[ROWS], a1[ROWS];
-    for (int r = 0; r < ROWS; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    typename F::V a0[ROWS], a1[ROWS];
+    for (int r = 0; r < ROWS; ++r) a0[r] = a1[r] = F::set1(0.f);
     for (int64_t j = 0; j < total; ++j) {
-        const __m256 v0 = load8(value + j * vstride), v1 = load8(value + j * vstride + 8);
+        const typename F::V v0 = widen(F{}, value + j * vstride), v1 = widen(F{}, value + j * vstride + W);
         for (int r = 0; r < ROWS; ++r) {
             const float pj = p[r * stride + j];
-            const __m256 w = _mm256_set1_ps(pj);
-            a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
+            const typename F::V w = F::set1(pj);
+            a0[r] = F::fmadd(w, v0, a0[r]);
+            a1[r] = F::fmadd(w, v1, a1[r]);
             s[r] += pj;
         }
     }
     for (int r = 0; r < ROWS; ++r) {
-        _mm256_storeu_ps(out + r * ostride, a0[r]);
-        _mm256_storeu_ps(out + r * ostride + 8, a1[r]);
+        F::store(out + r * ostride, a0[r]);
+        F::store(out + r * ostride + W, a1[r]);
     }
 #else
     for (int r = 0; r < ROWS; ++r) {
-        float acc[16] = {0.f};
+        float acc[2 * W] = {0.f};
         for (int64_t j = 0; j < total; ++j) {
-            for (int i = 0; i < 16; ++i) acc[i] += p[r * stride + j] * static_cast<float>(value[j * vstride + i]);
+            for (int i = 0; i < 2 * W; ++i) acc[i] += p[r * stride + j] * static_cast<float>(value[j * vstride + i]);
             s[r] += p[r * stride + j];
         }
-        for (int i = 0; i < 16; ++i) out[r * ostride + i] = acc[i];
+        for (int i = 0; i < 2 * W; ++i) out[r * ostride + i] = acc[i];
     }
 #endif
     for (int r = 0; r < ROWS; ++r) sums[r] = s[r];
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// All-ones lanes where seen[j .. j + 7] is true.
-inline __m256 seen8(const bool* seen) {
+// The visible lanes of keys seen[j .. j + lanes - 1] (all-ones lanes, or a bit mask in the 512-bit build); `x` where
+// visible, else `otherwise` (`keep`), or 0 (`zero_unless`); and the largest lane.
+inline __m256 visible(Floats8, const bool* seen) {
     int64_t bytes;
     memcpy(&bytes, seen, 8);
     const __m256i wide = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(wide, _mm256_setzero_si256()));
 }
+inline __m256 keep(Floats8, __m256 x, __m256 lanes, __m256 otherwise) { return _mm256_blendv_ps(otherwise, x, lanes); }
+inline __m256 zero_unless(Floats8, __m256 lanes, __m256 x) { return _mm256_and_ps(x, lanes); }
+inline float largest(Floats8, __m256 x) {
+    alignas(32) float lane[8];
+    _mm256_store_ps(lane, x);
+    return *std::max_element(lane, lane + 8);
+}
+#endif
+#ifdef GUMIHO_WIDE
+inline __mmask16 visible(Floats16, const bool* seen) {
+    return _mm_cmpneq_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen)), _mm_setzero_si128());
+}
+inline __m512 keep(Floats16, __m512 x, __mmask16 lanes, __m512 otherwise) {
+    return _mm512_mask_mov_ps(otherwise, lanes, x);
+}
+inline __m512 zero_unless(Floats16, __mmask16 lanes, __m512 x) { return _mm512_maskz_mov_ps(lanes, x); }
+inline float largest(Floats16, __m512 x) { return _mm512_reduce_max_ps(x); }
 #endif
 
 // row[j] = visible ? exp(row[j] - top) : 0 for j < total, top being the maximum over the visible keys. The exps
-// are computed eight at a time, a tail through a padded vector, so a value's exp never depends on where it sits.
+// are computed a vector at a time, a tail through a padded vector, so a value's exp never depends on where it sits
+// (nor on the vector's width: `exp_lanes`).
+template <typename F>
 inline void softmax_numerators(float* row, const bool* seen, int64_t total) {
-#ifdef GUMIHO_WIDE
-    alignas(64) float pad[16];
-    alignas(16) bool pad_seen[16];
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    const __m128i none = _mm_setzero_si128();
-    const int64_t full = total / 16 * 16;
-    __m512 best = ninf;
-    for (int64_t j = 0; j < full; j += 16) {
-        const __mmask16 visible = _mm_cmpneq_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + j)),
-                                                       none);
-        best = _mm512_mask_max_ps(best, visible, best, _mm512_loadu_ps(row + j));
-    }
-    float top = _mm512_reduce_max_ps(best);
+#if defined(__AVX2__) && defined(__FMA__)
+    constexpr int W = F::lanes;
+    alignas(64) float pad[W];
+    bool pad_seen[W];
+    const typename F::V ninf = F::set1(-INFINITY);
+    const int64_t full = total / W * W;
+    typename F::V best = ninf;
+    for (int64_t j = 0; j < full; j += W)
+        best = F::max(best, keep(F{}, F::load(row + j), visible(F{}, seen + j), ninf));
+    float top = largest(F{}, best);
     for (int64_t j = full; j < total; ++j)
         if (seen[j] && row[j] > top) top = row[j];
-    const __m512 vtop = _mm512_set1_ps(top);
-    for (int64_t j = 0; j < total; j += 16) {
-        const bool tail = j + 16 > total;
+    const typename F::V vtop = F::set1(top);
+    for (int64_t j = 0; j < total; j += W) {
+        const bool tail = j + W > total;
         float* at = tail ? pad : row + j;
         const bool* mask = tail ? pad_seen : seen + j;
         if (tail) {
-            for (int64_t i = 0; i < 16; ++i) {
+            for (int64_t i = 0; i < W; ++i) {
                 pad[i] = j + i < total ? row[j + i] : 0.f;
                 pad_seen[i] = j + i < total && seen[j + i];
             }
         }
-        const __mmask16 visible = _mm_cmpneq_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask)),
-                                                       none);
-        _mm512_storeu_ps(at, _mm512_maskz_mov_ps(visible, exp16(_mm512_sub_ps(_mm512_loadu_ps(at), vtop))));
-        if (tail)
-            for (int64_t i = 0; j + i < total; ++i) row[j + i] = pad[i];
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    alignas(32) float pad[8];
-    alignas(1) bool pad_seen[8];
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    const int64_t full = total / 8 * 8;
-    __m256 best = ninf;
-    for (int64_t j = 0; j < full; j += 8)
-        best = _mm256_max_ps(best, _mm256_blendv_ps(ninf, _mm256_loadu_ps(row + j), seen8(seen + j)));
-    float top = -INFINITY;
-    for (int64_t j = full; j < total; ++j)
-        if (seen[j] && row[j] > top) top = row[j];
-    _mm256_store_ps(pad, best);
-    for (int i = 0; i < 8; ++i) top = std::max(top, pad[i]);
-    const __m256 vtop = _mm256_set1_ps(top);
-    for (int64_t j = 0; j < total; j += 8) {
-        const bool tail = j + 8 > total;
-        float* at = tail ? pad : row + j;
-        const bool* mask = tail ? pad_seen : seen + j;
-        if (tail) {
-            for (int64_t i = 0; i < 8; ++i) {
-                pad[i] = j + i < total ? row[j + i] : 0.f;
-                pad_seen[i] = j + i < total && seen[j + i];
-            }
-        }
-        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(at), vtop);
-        _mm256_storeu_ps(at, _mm256_and_ps(exp8(x), seen8(mask)));
+        F::store(at, zero_unless(F{}, visible(F{}, mask), exp_lanes<F>(F::sub(F::load(at), vtop))));
         if (tail)
             for (int64_t i = 0; j + i < total; ++i) row[j + i] = pad[i];
     }
@@ -330,7 +296,8 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
                 stride32 = ks2;
             } else {
                 for (int64_t k = 0; k < blocks * 16; ++k)
-                    for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(widened.data() + k * d + i, load16(first + k * ks2 + i));
+                    for (int64_t i = 0; i < d; i += 16)
+                        _mm512_storeu_ps(widened.data() + k * d + i, widen(Floats16{}, first + k * ks2 + i));
                 keys32 = widened.data();
             }
             for (int64_t r = 0; blocks && r < R; ++r) {
@@ -362,42 +329,40 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     split(B * H * R, work, [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t b = w / (H * R), i = (w % R) % n;
-            softmax_numerators(pp + w * total, causal ? cp + i * total : vp + (b * n + i) * total, total);
+            const bool* seen = causal ? cp + i * total : vp + (b * n + i) * total;
+#ifdef GUMIHO_WIDE
+            softmax_numerators<Floats16>(pp + w * total, seen, total);
+#else
+            softmax_numerators<Floats8>(pp + w * total, seen, total);
+#endif
         }
     });
     // 3. Outputs: sum_j p_j v_j in key order, split by head and by slices of 16 (or 32) output dimensions, four
     // (eight) rows at a time sharing each value slice (a masked key adds p = 0 exactly); then divided by the row's sum
     // (each slice adds up its rows' sums again: a few scalar additions beside the multiply-adds).
 #ifdef GUMIHO_WIDE
-    const int64_t width = d % 32 == 0 ? 32 : 16;
+    const bool wide = d % 32 == 0;
 #else
-    const int64_t width = 16;
+    const bool wide = false;
 #endif
+    const int64_t width = wide ? 32 : 16, group = wide ? 8 : 4;  // outputs per slice, rows sharing it
     const int64_t slices = d / width;
     split(B * H * slices, work, [&](int64_t begin, int64_t end) {
         std::vector<float> sums(R);
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / slices, s = w % slices, b = bh / H, h = bh % H;
             const T* value = valp + b * vs0 + h * vs1 + s * width;
+            for (int64_t r0 = 0; r0 < R; r0 += group) {
+                const float* prob = pp + (bh * R + r0) * total;
+                float* o = op + (bh * R + r0) * d + s * width;
+                float* sum = &sums[r0];
+                with_rows(std::min(group, R - r0), [&](auto rows) {
+                    constexpr int ROWS = decltype(rows)::value;
 #ifdef GUMIHO_WIDE
-            for (int64_t r0 = 0; width == 32 && r0 < R; r0 += 8) {
-                const float* prob = pp + (bh * R + r0) * total;
-                float* o = op + (bh * R + r0) * d + s * width;
-                with_rows(std::min<int64_t>(8, R - r0), [&](auto rows) {
-                    weighted_sum32<decltype(rows)::value>(prob, total, value, vs2, total, o, d, sums.data() + r0);
-                });
-            }
+                    if (wide) return weighted_sums<Floats16, ROWS>(prob, total, value, vs2, total, o, d, sum);
 #endif
-            for (int64_t r0 = 0; width == 16 && r0 < R; r0 += 4) {
-                const float* prob = pp + (bh * R + r0) * total;
-                float* o = op + (bh * R + r0) * d + s * width;
-                float* sum = sums.data() + r0;
-                switch (std::min<int64_t>(4, R - r0)) {
-                    case 1: weighted_sum16<1>(prob, total, value, vs2, total, o, d, sum); break;
-                    case 2: weighted_sum16<2>(prob, total, value, vs2, total, o, d, sum); break;
-                    case 3: weighted_sum16<3>(prob, total, value, vs2, total, o, d, sum); break;
-                    default: weighted_sum16<4>(prob, total, value, vs2, total, o, d, sum); break;
-                }
+                    if constexpr (ROWS <= 4) weighted_sums<Floats8, ROWS>(prob, total, value, vs2, total, o, d, sum);
+                });
             }
             for (int64_t r = 0; r < R; ++r) {
                 float* o = op + (bh * R + r) * d + s * width;

@@ -55,41 +55,65 @@ inline float hsum8(__m256 s) {
     return _mm_cvtss_f32(h);
 }
 
-// exp(x) for 8 floats (Cephes' expf: range reduction by ln 2, a degree-5 polynomial); every element goes through
-// this same code, tails included (padded), so a value's exp never depends on where it sits.
-inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(_mm256_mul_ps(y, x), x, _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
+// Float vectors of 8 lanes (Floats8) or, in a 512-bit build, 16 (Floats16): float code written once for both widths,
+// each lane computed by the same operations in either.
+struct Floats8 {
+    using V = __m256;
+    static constexpr int lanes = 8;
+    static V set1(float x) { return _mm256_set1_ps(x); }
+    static V load(const float* p) { return _mm256_loadu_ps(p); }
+    static void store(float* to, V x) { _mm256_storeu_ps(to, x); }
+    static V add(V a, V b) { return _mm256_add_ps(a, b); }
+    static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+    static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+    static V min(V a, V b) { return _mm256_min_ps(a, b); }
+    static V max(V a, V b) { return _mm256_max_ps(a, b); }
+    static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+    static V floor(V x) { return _mm256_floor_ps(x); }
+    // 2^n for whole numbers n, written straight into the exponent field.
+    static V pow2(V n) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                                     23));
+    }
+};
 
 #if defined(__AVX512F__)
-// exp8's operations on 16 floats: each element's result is exp8's, bit for bit.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(_mm512_mul_ps(y, x), x, _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+struct Floats16 {
+    using V = __m512;
+    static constexpr int lanes = 16;
+    static V set1(float x) { return _mm512_set1_ps(x); }
+    static V load(const float* p) { return _mm512_loadu_ps(p); }
+    static void store(float* to, V x) { _mm512_storeu_ps(to, x); }
+    static V add(V a, V b) { return _mm512_add_ps(a, b); }
+    static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+    static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+    static V min(V a, V b) { return _mm512_min_ps(a, b); }
+    static V max(V a, V b) { return _mm512_max_ps(a, b); }
+    static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+    static V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+    static V floor(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+    static V pow2(V n) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
+                                                     23));
+    }
+};
+#endif
+
+// exp(x) lane by lane (Cephes' expf: range reduction by ln 2, a degree-5 polynomial); every element goes through
+// this same code, tails included (padded), so a value's exp never depends on where it sits, nor on the width.
+template <typename F>
+inline typename F::V exp_lanes(typename F::V x) {
+    x = F::min(F::max(x, F::set1(-87.3f)), F::set1(88.3f));
+    const typename F::V fx = F::floor(F::fmadd(x, F::set1(1.44269504088896341f), F::set1(0.5f)));
+    x = F::fnmadd(fx, F::set1(0.693359375f), x);
+    x = F::fnmadd(fx, F::set1(-2.12194440e-4f), x);
+    typename F::V y = F::set1(1.9875691500e-4f);
+    for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+        y = F::fmadd(y, x, F::set1(c));
+    y = F::fmadd(F::mul(y, x), x, F::add(x, F::set1(1.f)));
+    return F::mul(y, F::pow2(fx));
 }
+
+inline __m256 exp8(__m256 x) { return exp_lanes<Floats8>(x); }
 #endif
