@@ -47,11 +47,14 @@ def right(logp: float) -> float:
     return math.log(RIGHT) + SHARPNESS * logp
 
 
-def last_positions(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct tokens of `tokens` [n] and the position of each one's last occurrence."""
-    unique, inverse = torch.unique(tokens, return_inverse=True)
-    last = torch.full((unique.shape[0],), -1, dtype=torch.long, device=tokens.device)
-    return unique, last.scatter_reduce_(0, inverse, torch.arange(tokens.shape[0], device=tokens.device), "amax")
+def last_positions(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The distinct tokens of `tokens` [n] and the position of each one's last occurrence; None where every token is
+    distinct (each row is its own token's). In Python: a cycle's few tokens would cost four tensor operations."""
+    last = {token: i for i, token in enumerate(tokens.tolist())}  # a later occurrence overwrites an earlier one
+    if len(last) == tokens.shape[0]:
+        return None
+    return (torch.tensor(list(last), device=tokens.device),
+            torch.tensor(list(last.values()), device=tokens.device))
 
 
 class RecycleDrafter(WeightFreeDrafter):
@@ -85,8 +88,8 @@ class RecycleDrafter(WeightFreeDrafter):
                 parents: list[int] | None = None) -> None:
         if logits is None:  # the prefill: the lm_head over the prompt's last rows, a chunk at a time
             tokens, features = tokens[-PROMPT_ROWS:], features[-PROMPT_ROWS:]
-            last = last_positions(tokens)[1]  # a token's earlier rows would be overwritten: never computed
-            tokens, features = tokens[last], features[last]
+            if (distinct := last_positions(tokens)) is not None:  # a token's earlier rows would be overwritten
+                tokens, features = tokens[distinct[1]], features[distinct[1]]
             for start in range(0, tokens.shape[0], CHUNK):
                 self.record(tokens[start:start + CHUNK], self.head_logits(features[start:start + CHUNK]))
         elif isinstance(logits, LazyLogits):  # a verification: the rows its acceptance walk computed (free)
@@ -107,9 +110,10 @@ class RecycleDrafter(WeightFreeDrafter):
         else:
             values, ids = torch.topk(logits, self.width, dim=-1)
             logp = values - torch.logsumexp(logits, -1, keepdim=True)
-        unique, last = last_positions(tokens)
-        self.next_ids[unique] = ids[last].to(torch.int32)
-        self.next_logp[unique] = logp[last].clamp(max=0.0)
+        if (distinct := last_positions(tokens)) is not None:
+            tokens, ids, logp = distinct[0], ids[distinct[1]], logp[distinct[1]]
+        self.next_ids[tokens] = ids.to(torch.int32)
+        self.next_logp[tokens] = logp.clamp(max=0.0)
 
     # --- drafting -------------------------------------------------------------------------------------------------
     def check_tree(self, tree: TreeSettings) -> None:
