@@ -67,6 +67,9 @@ def wait_cycle(page, k: int) -> None:
     page.wait_for_function("""([label, k]) => document.querySelector(`input[aria-label="${label}"]`).value === k""",
                            arg=[f"number input for {CYCLE}", str(k)])
     page.get_by_text(re.compile(rf"^Cycle {k} · ")).first.wait_for()
+    # and its tree drawn: the step's whole round trip done before the next key (a key pressed while the figure of
+    # the previous one was still on its way was once lost on a loaded machine)
+    tree_plot(page).locator(".gtitle", has_text=f"Cycle {k}:").first.wait_for()
 
 
 def tree_plot(page):
