@@ -40,6 +40,19 @@ FUSED_TOP_K = 32  # the widest top-k taken in one pass (kernels/rows.cpp keeps i
 # (its sampling filters' top-k, up to the whole vocabulary) take torch's
 
 
+def top_logprobs(logits: torch.Tensor, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k log-probs (at `temperature`) of each row of `logits` [..., V] and their indices; k is capped at V.
+    A row with a NaN scores -inf."""
+    logits = logits.float()
+    k = min(k, logits.shape[-1])  # fewer when the vocabulary is smaller
+    fused = row_ops() if logits.device.type == "cpu" and k <= FUSED_TOP_K and not logits.requires_grad else None
+    if fused is not None:  # one call instead of four passes over the vocabulary (kernels/rows.cpp)
+        values, idx = fused.top_logprobs(logits.reshape(-1, logits.shape[-1]), k, temperature)
+        return values.view(*logits.shape[:-1], k), idx.view(*logits.shape[:-1], k)
+    logp = torch.log_softmax(logits / temperature, -1).nan_to_num(nan=-torch.inf)
+    return torch.topk(logp, k, dim=-1)
+
+
 class Drafter(nn.Module):
     """Base class: files, the shared embedding and lm_head, the draft vocabulary. Subclasses implement `draft`."""
 
@@ -110,15 +123,7 @@ class Drafter(nn.Module):
         """Top-k draft log-probs (at `temperature`) and their token ids (in the target's vocabulary) for each row of
         `hidden`; k is capped at the draft vocabulary's size. A row whose fp16 activations overflowed (NaN) scores
         -inf: its drafts rank last and the tree stays closed under parent-of (a NaN would sort above its parent)."""
-        logits = self.head_logits(hidden).float()
-        k = min(k, logits.shape[-1])  # fewer when the vocabulary is smaller
-        fused = row_ops() if logits.device.type == "cpu" and k <= FUSED_TOP_K and not logits.requires_grad else None
-        if fused is not None:  # one call instead of four passes over the vocabulary (kernels/rows.cpp)
-            values, idx = fused.top_logprobs(logits.reshape(-1, logits.shape[-1]), k, temperature)
-            values, idx = values.view(*logits.shape[:-1], k), idx.view(*logits.shape[:-1], k)
-        else:
-            logp = torch.log_softmax(logits / temperature, -1).nan_to_num(nan=-torch.inf)
-            values, idx = torch.topk(logp, k, dim=-1)
+        values, idx = top_logprobs(self.head_logits(hidden), k, temperature)
         if self.draft_vocab is not None:
             idx = self.draft_vocab[idx]
         return values, idx

@@ -28,8 +28,7 @@ import torch
 from ..errors import GumihoError
 from ..tree import RECYCLE_WIDTH, DraftPool, TreeSettings
 from ..verify import LazyLogits
-from ..kernels import row_ops
-from .base import FUSED_TOP_K, WeightFreeDrafter
+from .base import WeightFreeDrafter, top_logprobs
 
 TABLE_WIDTH = RECYCLE_WIDTH  # next tokens kept per token: the widest top_k a recycle tree may use
 PROMPT_ROWS = 512  # prompt positions whose logits fill the table after the prefill (the last ones)
@@ -103,13 +102,7 @@ class RecycleDrafter(WeightFreeDrafter):
         """Write the row of each of `tokens` [n] from the target's `logits` [n, vocab] after it; of repeated
         tokens, the last one's row is kept."""
         self._table(tokens.device)
-        logits = logits.float()
-        fused = row_ops() if logits.device.type == "cpu" and self.width <= FUSED_TOP_K else None
-        if fused is not None:  # one pass over each row instead of a top-k and a logsumexp (kernels/rows.cpp)
-            logp, ids = fused.top_logprobs(logits, self.width, 1.0)
-        else:
-            values, ids = torch.topk(logits, self.width, dim=-1)
-            logp = values - torch.logsumexp(logits, -1, keepdim=True)
+        logp, ids = top_logprobs(logits, self.width)
         if (distinct := last_positions(tokens)) is not None:
             tokens, ids, logp = distinct[0], ids[distinct[1]], logp[distinct[1]]
         self.next_ids[tokens] = ids.to(torch.int32)
