@@ -33,6 +33,11 @@ ROWS = 16  # torch's kernel packs output rows 16 at a time: a matrix with fewer 
 INNER_K_TILES = 2  # the packing's tile width along the input dimension; 2 fits every K that is a multiple of 32
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 RECORD_ROWS = 8  # output rows per record of kernels/q4_matmul.cpp
+# Bytes ahead of its reads at which our kernels ask for a matrix's next weights (0: never). A decode step reads every
+# weight once, from memory; asked for a page or two ahead, the 8-bit lm_head and the 4-bit layers arrive sooner: on
+# the 2-core AMD EPYC Zen 5, AR 168 -> 210 tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked
+# for ahead").
+AHEAD = 8192
 
 
 @lru_cache(maxsize=None)
@@ -69,6 +74,7 @@ class Int4Matrix:
             raise ValueError(f"int4 weights need an input size that is a multiple of {GROUP}, got {in_features}")
         self.out_features, self.in_features = out_features, in_features
         self.bias = bias
+        self.ahead = AHEAD
         self.kernel = q4_matmul()
         if self.kernel is not None:
             self.records = q4_records(q, d, m)
@@ -107,7 +113,7 @@ class Int4Matrix:
         # A decode step makes 120 of these calls: each Python-level operation skipped here saves about 0.1 ms a step
         rows = x.view(-1, self.in_features) if x.is_contiguous() else x.reshape(-1, self.in_features)
         if self.kernel is not None:
-            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records)
+            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records, self.ahead)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
                                                            self.scales_and_zeros)
@@ -139,7 +145,7 @@ class Int4Stack:
         if self.kernel is None:
             return torch.stack([m(rows) for m, rows in zip(self.matrices[which], x)])
         out = self.matrices[0].out_features
-        y = self.kernel.q4_matmul(x.float(), self.records[which])
+        y = self.kernel.q4_matmul(x.float(), self.records[which], AHEAD)
         return (y if y.shape[-1] == out else y[..., :out]).to(x.dtype) + self.bias[which, None]
 
 
@@ -190,13 +196,14 @@ class Q8Matrix:
         self.q = (w / safe[..., None]).round().clamp(-127, 127).to(torch.int8).reshape(rows, columns)
         self.scale = scale.contiguous()
         self.kernel = kernel
+        self.ahead = AHEAD
 
     def dequantized(self) -> torch.Tensor:
         return (self.q.float().reshape(self.scale.shape[0], -1, GROUP) * self.scale[..., None]).flatten(1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self.kernel.q8_matmul(x.reshape(-1, shape[-1]).float(), self.q, self.scale).to(x.dtype)
+        y = self.kernel.q8_matmul(x.reshape(-1, shape[-1]).float(), self.q, self.scale, self.ahead).to(x.dtype)
         return y.reshape(*shape[:-1], self.q.shape[0])
 
 

@@ -130,13 +130,13 @@ def row_attention() -> ModuleType | None:
 
 @lru_cache(maxsize=None)
 def q8_matmul() -> ModuleType | None:
-    """The compiled 8-bit block product (its `q8_matmul(x, q, d)`), or None."""
+    """The compiled 8-bit block product (its `q8_matmul(x, q, d, ahead)`), or None."""
     return _build("q8_matmul")
 
 
 @lru_cache(maxsize=None)
 def q4_matmul() -> ModuleType | None:
-    """The compiled 8-bit by 4-bit block product (its `q4_matmul(x, records)`), or None."""
+    """The compiled 8-bit by 4-bit block product (its `q4_matmul(x, records, ahead)`), or None."""
     return _build("q4_matmul")
 
 

@@ -44,6 +44,10 @@ inline void quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float
     }
 }
 
+// Asks for the cache line at `p` ahead of its use. The products ask for their weights a few kilobytes on (int4.py,
+// AHEAD): a decode step streams its weights from memory, and hardware prefetchers generally stop at each 4 KB page.
+inline void fetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
