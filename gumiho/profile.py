@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,7 +50,7 @@ from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 19  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 20  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -60,7 +61,8 @@ VERSION = 19  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 15: the int4 path's KV cache in fp16; 16: drafts timed after a target forward, the head's rows alone and together;
 # 17: 512-bit attention where AVX-512 runs VNNI (the extra rows of a tree over 1,024 cached tokens 23-33% cheaper);
 # 18: static trees' small drafts timed (EAGLE's 2-token tree was costed as its 60-token tree's draft);
-# 19: the 4-bit and 8-bit products ask for their weights 8 KB ahead (a step 20-25% cheaper on the Zen 5 EPYC)
+# 19: the 4-bit and 8-bit products ask for their weights 8 KB ahead (a step 20-25% cheaper on the Zen 5 EPYC);
+# 20: T(n) from differences to the T(1) timed just before it (paired_curve): T(2) had come out level with T(1)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
@@ -445,6 +447,22 @@ def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> tuple[fl
     return alone, alone
 
 
+def paired_curve(samples: dict[int, list[float]], warm: dict[int, float]) -> list[float]:
+    """T(n) for each of SIZES from a path's timings at one KV length, one per repeat (`warm`: repeat 0's, for a size
+    not timed again): T(1) as `low` of its own, and each T(n) as T(1) plus the median, over the repeats, of T(n)
+    minus the T(1) timed just before it in the same repeat. Sizes timed apart drift apart: the lowest of each, taken
+    separately, once put T(2) level with T(1) on a 2-core Zen 5 EPYC (4.28 ms both), where back to back they are 0.3
+    ms apart, and the sizer then verified a second token at 2-5% expected acceptance."""
+    ones = samples[SIZES[0]]
+    if not ones:
+        return [warm[n] for n in SIZES]
+    curve = [low(ones)]
+    for n in SIZES[1:]:
+        times = samples[n]
+        curve.append(curve[0] + statistics.median(t - one for t, one in zip(times, ones)) if times else warm[n])
+    return curve
+
+
 def low(values: list[float]) -> float:
     """The lower quartile: other jobs on a shared machine only ever add time."""
     return sorted(values)[len(values) // 4]
@@ -460,8 +478,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
             on_progress: Callable[[float], None] | None = None) -> MachineProfile:
     """Time every candidate path. `target` is the target as loaded (fp32 on CPU, half precision on a GPU).
 
-    Paths, sizes and top_ks are interleaved within each repeat, so drift on a shared machine hits them alike;
-    repeat 0 warms up and is not kept, except for a size that cost STEEP one-token steps there: it is too slow to
+    Paths, sizes and top_ks are interleaved within each repeat, so drift on a shared machine hits them alike (a
+    path's sizes at one KV length run back to back, after an untimed forward of that path, and T(n) is read from
+    their differences: `paired_curve`); repeat 0 warms up and is not kept, except for a size that cost STEEP one-token steps there: it is too slow to
     be chosen, so that one measurement stands (a 64-token bf16 forward on a CPU without bf16 units takes a
     second)."""
     paths = paths or candidate_paths(target.device, target.forward)
@@ -491,6 +510,8 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                     if r and warm[i][key][size] > STEEP * warm[i][key][1]:
                         bar.update()
                         continue
+                    if size == SIZES[0]:  # untimed: a forward of this path first, as the previous cycle's
+                        verify[i][key](1)
                     ms = verify[i][key](size)
                     if r:
                         verify_ms[i][key][size].append(ms)
@@ -508,8 +529,7 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     for i, (path, runner) in enumerate(zip(paths, runners)):
         head_ms, head_alone_ms = head_row_ms(runner, features[-1:].to(runner.dtype), repeats)
         costs.append(PathCost(path,
-                              {kv: [low(verify_ms[i][j][n]) if verify_ms[i][j][n] else warm[i][j][n] for n in SIZES]
-                               for j, kv in enumerate(KV_LENGTHS)},
+                              {kv: paired_curve(verify_ms[i][j], warm[i][j]) for j, kv in enumerate(KV_LENGTHS)},
                               {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
                               head_ms,
                               {m: {k: {n: low(v) for n, v in by_n.items()} for k, by_n in per.items()}

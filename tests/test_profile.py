@@ -36,6 +36,19 @@ def tiny_setup():
     return target, drafters
 
 
+def test_a_curve_is_read_from_each_sizes_difference_to_the_one_token_step_timed_before_it():
+    """Each repeat's sizes run back to back; between repeats the machine drifts (here by up to 0.9 ms). T(1) is its
+    lowest time, and T(n) adds the median over repeats of T(n) minus that repeat's T(1)."""
+    drift, extra = [0.0, 0.9, 0.4], {1: 0.0, 2: 0.3, 3: 0.5, 4: 0.7}
+    samples = {n: [4.0 + d + extra[n] for d in drift] if n in extra else [] for n in SIZES}
+    samples[2][1] += 0.5  # one pair disturbed: the median ignores it
+    warm = {n: 100.0 + n for n in SIZES}  # repeat 0's times, for sizes not timed again
+    curve = prof.paired_curve(samples, warm)
+    assert curve[:4] == pytest.approx([4.0, 4.3, 4.5, 4.7])
+    assert curve[4:] == [warm[n] for n in SIZES[4:]]
+    assert prof.paired_curve({n: [] for n in SIZES}, warm) == [warm[n] for n in SIZES]
+
+
 def test_measure_times_every_candidate_path_size_and_top_k():
     target, drafters = tiny_setup()
     profile = prof.measure(target, drafters, repeats=1, top_ks=(2, 3), progress=False)
@@ -91,9 +104,10 @@ def test_a_draft_is_timed_after_a_target_forward_as_in_a_cycle(monkeypatch):
     drafts = sum(len(per) + sum(len(s) for s in profile.costs[0].small_draft_ms.get(m, {}).values())
                  for m, per in profile.costs[0].draft_ms.items())
     verifications = len(prof.KV_LENGTHS) * len(SIZES)
-    # per path and repeat (the warm-up's included): each size's verification, and a one-token forward per draft
-    assert calls.count(1) == 2 * len(profile.costs) * (len(prof.KV_LENGTHS) + drafts)
-    assert len(calls) == 2 * len(profile.costs) * (verifications + drafts)
+    # per path and repeat (the warm-up's included): each size's verification, an untimed one-token forward before
+    # each KV length's sizes, and one before each draft
+    assert calls.count(1) == 2 * len(profile.costs) * (2 * len(prof.KV_LENGTHS) + drafts)
+    assert len(calls) == 2 * len(profile.costs) * (verifications + len(prof.KV_LENGTHS) + drafts)
 
 
 def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_dir, monkeypatch):
