@@ -35,7 +35,7 @@ Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 RECORD_ROWS = 8  # output rows per record of kernels/q4_matmul.cpp
 # Bytes ahead of its reads at which our kernels ask for a matrix's next weights (0: never). A decode step reads every
 # weight once, from memory; asked for a page or two ahead, the 8-bit lm_head and the 4-bit layers arrive sooner: on
-# the 2-core AMD EPYC Zen 5, AR 168 -> 210 tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked
+# the 2-core AMD EPYC Zen 5, AR 168 -> 212 tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked
 # for ahead").
 AHEAD = 8192
 

@@ -480,9 +480,9 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
 
     Paths, sizes and top_ks are interleaved within each repeat, so drift on a shared machine hits them alike (a
     path's sizes at one KV length run back to back, after an untimed forward of that path, and T(n) is read from
-    their differences: `paired_curve`); repeat 0 warms up and is not kept, except for a size that cost STEEP one-token steps there: it is too slow to
-    be chosen, so that one measurement stands (a 64-token bf16 forward on a CPU without bf16 units takes a
-    second)."""
+    their differences: `paired_curve`); repeat 0 warms up and is not kept, except for a size that cost STEEP
+    one-token steps there: it is too slow to be chosen, so that one measurement stands (a 64-token bf16 forward on a
+    CPU without bf16 units takes a second)."""
     paths = paths or candidate_paths(target.device, target.forward)
     runners = [target_for(target, path) for path in paths]
     verify = [[VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]

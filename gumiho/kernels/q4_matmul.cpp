@@ -237,8 +237,6 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead) {
     records = records.contiguous();
     const int64_t B = batched ? x.size(0) : 1, M = x.size(-2), K = x.size(-1), groups = records.size(-2);
     const int64_t N = groups * OUTS, blocks = K / BLOCK;
-    // Over more rows than one pass takes, a unit's records are read again from cache: asked for ahead, the next
-    // unit's would only displace them (a 512-token prefill 15% slower).
     TORCH_CHECK(K % BLOCK == 0 && records.size(-1) == blocks * RECORD && (!batched || records.size(0) == B),
                 "q4_matmul: inconsistent shapes");
     auto xq = torch::empty({B * M, K}, x.options().dtype(torch::kChar));
