@@ -74,7 +74,6 @@ class Int4Matrix:
             raise ValueError(f"int4 weights need an input size that is a multiple of {GROUP}, got {in_features}")
         self.out_features, self.in_features = out_features, in_features
         self.bias = bias
-        self.ahead = AHEAD
         self.kernel = q4_matmul()
         if self.kernel is not None:
             self.records = q4_records(q, d, m)
@@ -113,7 +112,7 @@ class Int4Matrix:
         # A decode step makes 120 of these calls: each Python-level operation skipped here saves about 0.1 ms a step
         rows = x.view(-1, self.in_features) if x.is_contiguous() else x.reshape(-1, self.in_features)
         if self.kernel is not None:
-            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records, self.ahead)
+            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records, AHEAD)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
                                                            self.scales_and_zeros)
@@ -196,14 +195,13 @@ class Q8Matrix:
         self.q = (w / safe[..., None]).round().clamp(-127, 127).to(torch.int8).reshape(rows, columns)
         self.scale = scale.contiguous()
         self.kernel = kernel
-        self.ahead = AHEAD
 
     def dequantized(self) -> torch.Tensor:
         return (self.q.float().reshape(self.scale.shape[0], -1, GROUP) * self.scale[..., None]).flatten(1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self.kernel.q8_matmul(x.reshape(-1, shape[-1]).float(), self.q, self.scale, self.ahead).to(x.dtype)
+        y = self.kernel.q8_matmul(x.reshape(-1, shape[-1]).float(), self.q, self.scale, AHEAD).to(x.dtype)
         return y.reshape(*shape[:-1], self.q.shape[0])
 
 

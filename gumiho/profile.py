@@ -452,7 +452,7 @@ def paired_curve(samples: dict[int, list[float]], warm: dict[int, float]) -> lis
     not timed again): T(1) as `low` of its own, and each T(n) as T(1) plus the median, over the repeats, of T(n)
     minus the T(1) timed just before it in the same repeat. Sizes timed apart drift apart: the lowest of each, taken
     separately, once put T(2) level with T(1) on a 2-core Zen 5 EPYC (4.28 ms both), where back to back they are 0.3
-    ms apart, and the sizer then verified a second token at 2-5% expected acceptance."""
+    ms apart, and the sizer then verified a second token at 2-15% expected acceptance."""
     ones = samples[SIZES[0]]
     if not ones:
         return [warm[n] for n in SIZES]
