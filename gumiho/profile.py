@@ -50,7 +50,7 @@ from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 20  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 21  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -62,7 +62,9 @@ VERSION = 20  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 17: 512-bit attention where AVX-512 runs VNNI (the extra rows of a tree over 1,024 cached tokens 23-33% cheaper);
 # 18: static trees' small drafts timed (EAGLE's 2-token tree was costed as its 60-token tree's draft);
 # 19: the 4-bit and 8-bit products ask for their weights 8 KB ahead (a step 20-25% cheaper on the Zen 5 EPYC);
-# 20: T(n) from differences to the T(1) timed just before it (paired_curve): T(2) had come out level with T(1)
+# 20: T(n) from differences to the T(1) timed just before it (paired_curve): T(2) had come out level with T(1);
+# 21: a prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp), what the prefill's attention
+# dtype is measured against
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)

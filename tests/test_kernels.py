@@ -180,7 +180,7 @@ def test_attend_rounds_what_it_writes_to_an_fp16_cache(kernel):
     torch.testing.assert_close(out, wide, rtol=0, atol=5e-3)
 
 
-BUILDS = (kernels.row_attention, kernels.row_ops, kernels.q8_matmul, kernels.q4_matmul)
+BUILDS = (kernels.row_attention, kernels.row_ops, kernels.q8_matmul, kernels.q4_matmul, kernels.prompt_attention)
 
 
 def test_the_row_operations_are_torchs_and_a_row_never_depends_on_the_others():

@@ -4,6 +4,8 @@
 - `q8_matmul()`: products with a matrix in 8-bit blocks of 32 (q8_matmul.cpp), the int4 path's lm_head.
 - `q4_matmul()`: products of 8-bit activations with 4-bit blocks (q4_matmul.cpp), the int4/int8 path's linears.
 - `row_ops()`: a decoder layer's per-row operations (rows.cpp): RMS norm, residual sum and norm, SiLU-gated product.
+- `prompt_attention()`: a prompt's causal attention in fp32, blocks of queries against blocks of keys
+  (prompt_attention.cpp), where the processor has AVX2.
 Each includes simd.h, whose bytes enter each build's hash.
 
 Each returns the compiled module, or None where it cannot be built (no C++ compiler, or GUMIHO_KERNELS=0): callers
@@ -34,8 +36,8 @@ import torch
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-THREADED = ("q8_matmul", "q4_matmul", "attention")  # kernels that split their work across torch's threads
-WIDE = ("q4_matmul", "q8_matmul", "attention")  # kernels with 512-bit paths, built where AVX-512 has VNNI
+THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention")  # kernels that split their work across torch's threads
+WIDE = ("q4_matmul", "q8_matmul", "attention", "prompt_attention")  # kernels with 512-bit paths, built where AVX-512 has VNNI
 
 
 def _cpu_flags() -> set[str]:
@@ -145,3 +147,11 @@ def row_ops() -> ModuleType | None:
     """The compiled per-row operations (its `rms_norm`, `add_rms_norm`, `silu_mul`, and `top_logprobs` for draft
     heads), or None."""
     return _build("rows")
+
+
+@lru_cache(maxsize=None)
+def prompt_attention() -> ModuleType | None:
+    """The compiled causal attention for prompts (its `causal(q, keys, values, past, scale)`), or None (also where
+    the build has no vector code: no AVX2)."""
+    built = _build("prompt_attention")
+    return built if built is not None and built.available() else None

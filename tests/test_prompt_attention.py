@@ -1,0 +1,102 @@
+"""The prompt's causal attention in blocks (gumiho/kernels/prompt_attention.cpp): SDPA's numbers to fp32 rounding,
+for any prompt length across the blocks' edges, any group of query heads per KV head, a cached prefix, any thread
+count; and the decoder's prefill through it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gumiho import kernels
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = kernels.prompt_attention()
+    if module is None and not {"avx2", "fma"} <= kernels._cpu_flags():
+        pytest.skip("the block kernel needs AVX2 and FMA")
+    assert module is not None, "the kernel did not build (see the warning above)"
+    return module
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
+    """SDPA in float64 with a causal mask offset by `past`, laid out as the kernel returns it: [B, n, H * d]."""
+    b, h, n, d = q.shape
+    visible = torch.ones(n, past + n, dtype=torch.bool).tril(past)
+    out = F.scaled_dot_product_attention(q.double(), keys.double(), values.double(), attn_mask=visible,
+                                         enable_gqa=True)
+    return out.float().transpose(1, 2).reshape(b, n, h * d)
+
+
+def inputs(batch: int, heads: int, kv: int, n: int, past: int, d: int, seed: int = 0):
+    """Queries, and keys and values as views of a larger cache (rows past the prompt never read)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, n, d, generator=g)
+    cache_keys = torch.randn(batch, kv, past + n + 9, d, generator=g) * 2
+    cache_values = torch.randn(batch, kv, past + n + 9, d, generator=g)
+    return q, cache_keys[:, :, : past + n], cache_values[:, :, : past + n]
+
+
+@pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 64, 65, 200, 517])
+@pytest.mark.parametrize("heads, kv", [(9, 3), (4, 4), (4, 1)], ids=["gqa", "mha", "mqa"])
+def test_it_gives_sdpas_causal_attention(kernel, n, heads, kv):
+    q, keys, values = inputs(1, heads, kv, n, 0, 64)
+    torch.testing.assert_close(kernel.causal(q, keys, values, 0, 64 ** -0.5), reference(q, keys, values, 0),
+                               rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("past", [1, 40, 300])
+def test_a_cached_prefix_is_seen_by_every_row_and_batches_and_wide_heads_work(kernel, past):
+    q, keys, values = inputs(2, 6, 2, 45, past, 128, seed=past)
+    torch.testing.assert_close(kernel.causal(q, keys, values, past, 128 ** -0.5), reference(q, keys, values, past),
+                               rtol=0, atol=2e-5)
+
+
+def test_large_scores_keep_the_running_softmax_finite_and_as_close_as_sdpas_fp32(kernel):
+    """Scores in the hundreds: each block's exps are taken from the running maximum, never overflowing; the error
+    left is the fp32 rounding of the scores themselves, which SDPA in fp32 has as well."""
+    q, keys, values = inputs(1, 4, 2, 150, 0, 64, seed=3)
+    exact = reference(q * 40, keys, values, 0)
+    out = kernel.causal(q * 40, keys, values, 0, 64 ** -0.5)
+    sdpa = F.scaled_dot_product_attention(q * 40, keys, values, is_causal=True, enable_gqa=True)
+    assert torch.isfinite(out).all()
+    assert (out - exact).abs().max() <= 2 * (sdpa.transpose(1, 2).reshape(out.shape) - exact).abs().max()
+
+
+def test_the_thread_count_never_changes_a_number(kernel):
+    q, keys, values = inputs(1, 9, 3, 300, 0, 64, seed=5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernel.causal(q, keys, values, 0, 0.125)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(kernel.causal(q, keys, values, 0, 0.125), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_shapes_are_refused_with_a_message(kernel):
+    q, keys, values = inputs(1, 9, 3, 10, 0, 64)
+    with pytest.raises(RuntimeError, match="inconsistent shapes"):
+        kernel.causal(q, keys[:, :2], values[:, :2], 0, 0.125)  # 9 query heads over 2 KV heads
+    with pytest.raises(RuntimeError, match="fp32"):
+        kernel.causal(q.half(), keys, values, 0, 0.125)
+
+
+@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels._cpu_flags(),
+                    reason="the 512-bit build needs AVX-512 with VNNI")
+def test_the_256_bit_build_gives_the_same_attention(kernel, monkeypatch):
+    """Where AVX-512 builds the wide code (4 rows a load, blocks of 64 keys), the 256-bit one (2 rows, 32 keys) is
+    what an AVX2-only processor runs: the same attention, summed in other blocks."""
+    monkeypatch.setattr(kernels, "WIDE", tuple(name for name in kernels.WIDE if name != "prompt_attention"))
+    narrow = kernels._build("prompt_attention")
+    assert narrow is not None and narrow.__name__ != kernel.__name__ and narrow.available()
+    for n, past in [(1, 0), (33, 0), (250, 0), (70, 19)]:
+        q, keys, values = inputs(1, 9, 3, n, past, 64, seed=n)
+        torch.testing.assert_close(narrow.causal(q, keys, values, past, 0.125),
+                                   kernel.causal(q, keys, values, past, 0.125), rtol=0, atol=2e-5)
