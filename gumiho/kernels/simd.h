@@ -46,7 +46,11 @@ inline void quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float
 
 // Asks for the cache line at `p` ahead of its use. The products ask for their weights a few kilobytes on (int4.py,
 // AHEAD): a decode step streams its weights from memory, and hardware prefetchers generally stop at each 4 KB page.
-inline void fetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+// Non-temporal (locality 0): a weight is read once a forward, and a forward streams ~90 MB through a 32 MB L3, so
+// the weights asked for this way no longer push out what a cycle reuses (the draft layers' weights, the caches,
+// the interpreter's own data): on the 2-core Zen 5 EPYC, interleaved in one process against locality 3 over 12
+// and 18 benchmark prompts, AR 1.00x / 1.03x, Gumiho 1.05x / 1.04x, EAGLE-2 1.04x / 1.06x, lookup 1.05x / 1.04x.
+inline void fetch(const void* p) { __builtin_prefetch(p, 0, 0); }
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
