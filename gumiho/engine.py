@@ -203,12 +203,15 @@ class Run:
                 return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv, self.lookup_sizer)
         if self.drafter is None:
             return build_tree(root, DraftPool(), 1, device), DraftPool(), None, None
+        most = min(self.tree.total_tokens, room)
+        if self.sizer and not self.branch_tree and (first := self.drafter.first_score(root)) is not None \
+                and not self.sizer.could_pay(first, most, kv):  # no tree could pay: a plain step, undrafted
+            return build_tree(root, DraftPool(), 1, device), DraftPool(), None, 0.0
         if self._waiting:
             features = torch.cat([f for f, _ in self._waiting] + [features])
             tokens = torch.cat([t for _, t in self._waiting] + [tokens])
             self._waiting.clear()
         pool = self.drafter.propose(features, tokens, self.tree)
-        most = min(self.tree.total_tokens, room)
         branches = self.lookup.candidates(self.branch_tree, device) if self.branch_tree else DraftPool()
         if branches.size:
             if self.sizer:  # as the switch, lookup's own budget: the sizer weighs both sources' candidates

@@ -64,7 +64,8 @@ VERSION = 21  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 19: the 4-bit and 8-bit products ask for their weights 8 KB ahead (a step 20-25% cheaper on the Zen 5 EPYC);
 # 20: T(n) from differences to the T(1) timed just before it (paired_curve): T(2) had come out level with T(1);
 # 21: a prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp), what the prefill's attention
-# dtype is measured against; the products ask for their weights non-temporally (a cycle's drafts 5-15% cheaper)
+# dtype is measured against; the products ask for their weights non-temporally (a cycle's drafts 5-15% cheaper);
+# paths timed one after another (amid each other's repeats the int4 curve came out flat)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
@@ -480,11 +481,14 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
             on_progress: Callable[[float], None] | None = None) -> MachineProfile:
     """Time every candidate path. `target` is the target as loaded (fp32 on CPU, half precision on a GPU).
 
-    Paths, sizes and top_ks are interleaved within each repeat, so drift on a shared machine hits them alike (a
-    path's sizes at one KV length run back to back, after an untimed forward of that path, and T(n) is read from
-    their differences: `paired_curve`); repeat 0 warms up and is not kept, except for a size that cost STEEP
-    one-token steps there: it is too slow to be chosen, so that one measurement stands (a 64-token bf16 forward on a
-    CPU without bf16 units takes a second)."""
+    One path at a time, its repeats in turn; within a repeat its sizes and top_ks are interleaved, so drift on a
+    shared machine hits them alike (a path's sizes at one KV length run back to back, after an untimed forward of
+    that path, and T(n) is read from their differences: `paired_curve`). Paths timed amid each other's repeats
+    gave the int4 path a flatter curve than its decoding loop shows (2-core Zen 5 EPYC, at 256 cached tokens: T(1)
+    4.06-4.21 ms against 3.71 timed alone, T(8) - T(1) 1.5 ms against 2.1 alone and 2.6 in the loop), and the tree
+    choice then took a 3-token Gumiho tree that ran 5% slower than the 2-token one. Repeat 0 warms up and is not
+    kept, except for a size that cost STEEP one-token steps there: it is too slow to be chosen, so that one
+    measurement stands (a 64-token bf16 forward on a CPU without bf16 units takes a second)."""
     paths = paths or candidate_paths(target.device, target.forward)
     runners = [target_for(target, path) for path in paths]
     verify = [[VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
@@ -506,27 +510,27 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
              for n in small[m][k]]
     start = time.perf_counter()
     with tqdm(total=(repeats + 1) * len(jobs), desc="machine profile", disable=not progress, leave=False) as bar:
-        for r in range(repeats + 1):
-            for i, key, size in jobs:
-                if isinstance(key, int):
-                    if r and warm[i][key][size] > STEEP * warm[i][key][1]:
-                        bar.update()
-                        continue
-                    if size == SIZES[0]:  # untimed: a forward of this path first, as the previous cycle's
-                        verify[i][key](1)
-                    ms = verify[i][key](size)
-                    if r:
-                        verify_ms[i][key][size].append(ms)
-                    else:
-                        warm[i][key][size] = ms
+        for r, (i, key, size) in ((r, job) for path in range(len(paths)) for r in range(repeats + 1)
+                                  for job in jobs if job[0] == path):
+            if isinstance(key, int):
+                if r and warm[i][key][size] > STEEP * warm[i][key][1]:
+                    bar.update()
+                    continue
+                if size == SIZES[0]:  # untimed: a forward of this path first, as the previous cycle's
+                    verify[i][key](1)
+                ms = verify[i][key](size)
+                if r:
+                    verify_ms[i][key][size].append(ms)
                 else:
-                    k, n = size
-                    ms = draft[i][key](k, n)
-                    if r:
-                        (small_ms[i][key][k][n] if n else draft_ms[i][key][k]).append(ms)
-                bar.update()
-                if on_progress and bar.n * 10 // bar.total != (bar.n - 1) * 10 // bar.total:  # every 10%
-                    on_progress(bar.n / bar.total)
+                    warm[i][key][size] = ms
+            else:
+                k, n = size
+                ms = draft[i][key](k, n)
+                if r:
+                    (small_ms[i][key][k][n] if n else draft_ms[i][key][k]).append(ms)
+            bar.update()
+            if on_progress and bar.n * 10 // bar.total != (bar.n - 1) * 10 // bar.total:  # every 10%
+                on_progress(bar.n / bar.total)
     costs = []
     for i, (path, runner) in enumerate(zip(paths, runners)):
         head_ms, head_alone_ms = head_row_ms(runner, features[-1:].to(runner.dtype), repeats)

@@ -72,6 +72,14 @@ class Sizer:
     def learn(self, scores: list[float], on_path: list[bool]) -> None:
         self.calibration.learn(scores, on_path)
 
+    def could_pay(self, score: float, most: int, kv: int) -> bool:
+        """Whether a tree of up to `most` tokens whose best node scores `score` could beat a plain step: an upper
+        bound, every node taken at that node's chance (none ranks above the best) and priced at T(n) alone, without
+        its head rows. False: `choose` would take n = 1 for any such pool, so the draft need not be made."""
+        p = self.probability(score)
+        step = self.cost(1, 0.0, 0.0, kv)
+        return any((1.0 + (n - 1) * p) * step > self.cost(n, 0.0, 0.0, kv) for n in range(2, most + 1))
+
     def choose(self, pool: DraftPool, most: int, kv: int, calibrated: bool = False) -> tuple[int, float]:
         """(n, expected accepted draft tokens) for `pool`, n at most `most`. The nodes are taken in the order
         `build_tree` keeps them (priority for a static tree, else score). `calibrated`: the scores are already the

@@ -78,6 +78,50 @@ def test_the_calibration_learns_what_the_target_accepts():
     assert sizer.probability(-0.1) > 0.6
 
 
+def test_could_pay_bounds_what_choose_takes():
+    """Where `could_pay` says no tree whose best node scores s can beat a plain step, `choose` takes n = 1 for
+    every pool whose nodes score at most s (random trees, both head-row models, learnt calibrations)."""
+    generator = torch.Generator().manual_seed(0)
+    checked = 0
+    for trial in range(300):
+        sizer = Sizer(linear_cost, together=bool(trial % 2))
+        for _ in range(trial % 7):
+            sizer.learn([-0.2, -1.5], [bool(trial % 3), False])
+        # Two chains of three nodes under the root, each node scoring below its parent.
+        pool, parents, above = DraftPool(), torch.tensor([-1, -1]), torch.zeros(2)
+        for depth in range(1, 4):
+            above = above - torch.rand(2, generator=generator) * 2.5
+            parents = pool.add(torch.tensor([depth, depth + 8]), parents, above, "eagle-1", depth)
+        best = max(x for layer in pool.scores for x in layer.tolist())
+        if not sizer.could_pay(best, 7, 100):
+            checked += 1
+            assert sizer.choose(pool, 7, 100)[0] == 1
+    assert checked > 20
+    sizer = Sizer(linear_cost)
+    assert sizer.could_pay(-0.05, 4, 100) and not sizer.could_pay(-6.0, 4, 100)
+    assert not sizer.could_pay(float("-inf"), 8, 100) and not sizer.could_pay(-0.05, 1, 100)
+
+
+def test_a_recycling_cycle_whose_best_entry_cannot_pay_is_not_drafted(monkeypatch):
+    """Token Recycling knows its best candidate before drafting (the root's table row): where even a tree of such
+    nodes could not beat a plain step, the cycle is one, and its beam is never run; the output stays AR's."""
+    engine = sized_engine(3)
+    drafter = engine.drafters["recycle"]
+    drafts = []
+    original = type(drafter).draft
+    monkeypatch.setattr(type(drafter), "draft", lambda self, *a: drafts.append(1) or original(self, *a))
+    ids = torch.randint(0, 16, (12,), generator=torch.Generator().manual_seed(3)).tolist() * 2
+    config = GenerationConfig(max_new_tokens=40, tree=replace(TreeSettings.default("recycle", "cpu"), sized=True))
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=40), prompt_ids=ids)
+    sized = engine.generate("", "recycle", config, prompt_ids=ids)
+    assert sized.token_ids == ar.token_ids and drafts  # drafted where its table had rows
+    drafted = len(drafts)
+    monkeypatch.setattr(Sizer, "could_pay", lambda self, score, most, kv: False)
+    never = engine.generate("", "recycle", config, prompt_ids=ids)
+    assert never.token_ids == ar.token_ids and len(drafts) == drafted  # no cycle drafted
+    assert all(s.tree_size == 1 and s.expected_accepted == 0.0 for s in never.steps)
+
+
 def sized_engine(seed: int):
     engine = tiny_engine(seed=seed, vocab=16, drafter_seed=seed)
     curve = [20.0 + 2.0 * n for n in SIZES]

@@ -137,6 +137,12 @@ class Drafter(nn.Module):
         """Take the newly accepted pairs and draft a candidate pool under tokens[-1] (the root)."""
         return self.draft(features, tokens, tree)
 
+    def first_score(self, root: int) -> float | None:
+        """The score of the best candidate a draft would put under `root`, where the drafter knows it before drafting
+        and `propose` changes nothing else (-inf: none); None where it does not. A sized run skips the draft of a
+        cycle whose best candidate could not pay (`Sizer.could_pay`)."""
+        return None
+
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         raise NotImplementedError
 

@@ -114,6 +114,12 @@ class RecycleDrafter(WeightFreeDrafter):
             raise GumihoError(f"recycle's table keeps {self.width} next tokens per token: top-k must be at most "
                               f"{self.width}, got {tree.top_k}")
 
+    def first_score(self, root: int) -> float | None:
+        """The root's best table entry, scored as `draft` scores it (its table row is sorted best first)."""
+        if self.next_ids is None or int(self.next_ids[root, 0]) < 0:
+            return float("-inf")
+        return right(float(self.next_logp[root, 0]))
+
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, tree: TreeSettings) -> DraftPool:
         """The beam in Python lists, two table reads a level: a CPU tree has a few dozen nodes, and a dozen small
         tensor operations a level cost more than the work (0.39 ms a cycle in the engine on a 2-core Zen 5)."""
