@@ -173,9 +173,12 @@ def build_app(loader: EngineLoader, limits: Limits = Limits(), examples: list[Ex
                     race_top_k, race_total)
 
             with gr.Tab("Benchmarks", id="bench"), gr.Column(elem_id="gm-bench"):
-                bench_refresh = gr.Button("Reload results", size="sm")
-
-                gr.render(triggers=[demo.load, bench_refresh.click])(_benchmarks)
+                with gr.Row():
+                    bench_pick = gr.Dropdown(label="Run (newest first)", scale=4, **_bench_runs())
+                    bench_refresh = gr.Button("Reload results", size="sm", scale=1)
+                bench_refresh.click(lambda: gr.Dropdown(**_bench_runs()), None, bench_pick, api_visibility="private",
+                                    show_progress="hidden")
+                gr.render(inputs=[bench_pick], triggers=[demo.load, bench_pick.change])(_benchmark)
 
             with gr.Tab("How it works", id="lesson"):
                 _lesson(examples)
@@ -245,36 +248,44 @@ def _wire(handlers: Handlers, demo: gr.Blocks, method: gr.Radio, explore_inputs:
 
 
 
-def _benchmarks() -> None:
-    """The benchmark harness's results, read afresh on every page load and on *Reload results*."""
-    runs = read_runs()
-    if not runs:
+def _bench_runs() -> dict:
+    """The run picker's choices, the runs in assets/bench/ (read when the page is built and on *Reload results*), and
+    its value, the newest."""
+    names = [run.name for run in read_runs()]
+    return {"choices": names, "value": names[0] if names else None}
+
+
+def _benchmark(name: str | None) -> None:
+    """One run of the benchmark harness, the picked one: its figures, report and tables. One at a time: the folder
+    holds dozens of runs, and drawing every one on each page load took 25-30 s in a browser."""
+    run = next((run for run in read_runs() if run.name == name), None) if name else None
+    if run is None:
         gr.Markdown("No benchmark results in `assets/bench/` yet. Produce them with\n\n"
                     f"```bash\n{QUICK_COMMAND}\n```\n\n(the harness writes its JSON, CSV and Markdown results there), "
                     "then press *Reload results*.")
-    for number, run in enumerate(runs):
-        gr.Markdown(f"## Run `{run.name}`")
-        if run.summary is not None:
-            for temperature in sorted(run.summary["temperature"].unique()):
-                rows = task_rows(run.summary, temperature)
-                with gr.Row():
-                    gr.Plot(figures.grouped_bar_figure(rows, "dataset", "speedup",
-                                                       f"Speed-up over AR, T = {temperature:g}"), show_label=False)
-                    gr.Plot(figures.grouped_bar_figure(rows, "dataset", "tau",
-                                                       f"τ (tokens per target forward), T = {temperature:g}"),
-                            show_label=False)
-                rates = acceptance_rows(run.summary, temperature)
-                if rates:
-                    gr.Plot(figures.acceptance_figure(rates), show_label=False)
-        if run.report:
-            with gr.Accordion("Full report", open=number == 0):
-                gr.Markdown(run.report, elem_classes="gm-report")
-        for title, table in run.tables:
-            if title:
-                gr.Markdown(f"**{title}**")
-            gr.Dataframe(table, interactive=False, elem_classes="gm-table")
-        if run.notes:
-            gr.Markdown("\n".join(f"- {note}" for note in run.notes))
+        return
+    gr.Markdown(f"## Run `{run.name}`")
+    if run.summary is not None:
+        for temperature in sorted(run.summary["temperature"].unique()):
+            rows = task_rows(run.summary, temperature)
+            with gr.Row():
+                gr.Plot(figures.grouped_bar_figure(rows, "dataset", "speedup",
+                                                   f"Speed-up over AR, T = {temperature:g}"), show_label=False)
+                gr.Plot(figures.grouped_bar_figure(rows, "dataset", "tau",
+                                                   f"τ (tokens per target forward), T = {temperature:g}"),
+                        show_label=False)
+            rates = acceptance_rows(run.summary, temperature)
+            if rates:
+                gr.Plot(figures.acceptance_figure(rates), show_label=False)
+    if run.report:
+        with gr.Accordion("Full report", open=True):
+            gr.Markdown(run.report, elem_classes="gm-report")
+    for title, table in run.tables:
+        if title:
+            gr.Markdown(f"**{title}**")
+        gr.Dataframe(table, interactive=False, elem_classes="gm-table")
+    if run.notes:
+        gr.Markdown("\n".join(f"- {note}" for note in run.notes))
 
 
 def _lesson(examples: list[Example]) -> None:

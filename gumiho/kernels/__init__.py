@@ -36,8 +36,9 @@ import torch
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention")  # kernels that split their work across torch's threads
-WIDE = ("q4_matmul", "q8_matmul", "attention", "prompt_attention")  # kernels with 512-bit paths, built where AVX-512 has VNNI
+# Kernels that split their work across torch's threads, and those with 512-bit paths (built where AVX-512 has VNNI).
+THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention")
+WIDE = ("q4_matmul", "q8_matmul", "attention", "prompt_attention")
 
 
 def _cpu_flags() -> set[str]:

@@ -33,24 +33,25 @@ constexpr int KEYS = 4 * W;        // keys per block: four vectors of scores per
 constexpr int64_t TOKENS = 32;     // query tokens per work unit (rows: TOKENS times the query heads per KV head)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
+// Four vectors from p, and acc[j] += x * v[j] for them: the step both products below repeat for each of R rows.
+inline void load4(const float* p, V* v) {
+    for (int j = 0; j < 4; ++j) v[j] = Lanes::load(p + j * W);
+}
+inline void fmadd4(float x, const V* v, V* acc) {
+    const V b = Lanes::set1(x);
+    for (int j = 0; j < 4; ++j) acc[j] = Lanes::fmadd(b, v[j], acc[j]);
+}
+
 // s[r][k] = q[r] . kt[., k] for R query rows of d values (already scaled) and a block of KEYS keys stored
 // transposed (kt[i * KEYS + k] is dimension i of key k).
 template <int R>
 inline void block_scores(const float* q, int64_t d, const float* kt, float* s) {
-    V acc[R][4];
+    V acc[R][4], k[4];
     for (int r = 0; r < R; ++r)
         for (int j = 0; j < 4; ++j) acc[r][j] = Lanes::set1(0.f);
     for (int64_t i = 0; i < d; ++i) {
-        const float* k = kt + i * KEYS;
-        const V k0 = Lanes::load(k), k1 = Lanes::load(k + W), k2 = Lanes::load(k + 2 * W),
-                k3 = Lanes::load(k + 3 * W);
-        for (int r = 0; r < R; ++r) {
-            const V x = Lanes::set1(q[r * d + i]);
-            acc[r][0] = Lanes::fmadd(x, k0, acc[r][0]);
-            acc[r][1] = Lanes::fmadd(x, k1, acc[r][1]);
-            acc[r][2] = Lanes::fmadd(x, k2, acc[r][2]);
-            acc[r][3] = Lanes::fmadd(x, k3, acc[r][3]);
-        }
+        load4(kt + i * KEYS, k);
+        for (int r = 0; r < R; ++r) fmadd4(q[r * d + i], k, acc[r]);
     }
     for (int r = 0; r < R; ++r)
         for (int j = 0; j < 4; ++j) Lanes::store(s + r * KEYS + j * W, acc[r][j]);
@@ -62,22 +63,14 @@ template <int R>
 inline void block_values(const float* p, int64_t keys, const float* v, int64_t vs, int64_t d, float* o,
                          const float* rescale) {
     for (int64_t c = 0; c < d; c += 4 * W) {
-        V acc[R][4];
+        V acc[R][4], row[4];
         for (int r = 0; r < R; ++r) {
             const V f = Lanes::set1(rescale[r]);
             for (int j = 0; j < 4; ++j) acc[r][j] = Lanes::mul(Lanes::load(o + r * d + c + j * W), f);
         }
         for (int64_t k = 0; k < keys; ++k) {
-            const float* row = v + k * vs + c;
-            const V v0 = Lanes::load(row), v1 = Lanes::load(row + W), v2 = Lanes::load(row + 2 * W),
-                    v3 = Lanes::load(row + 3 * W);
-            for (int r = 0; r < R; ++r) {
-                const V x = Lanes::set1(p[r * KEYS + k]);
-                acc[r][0] = Lanes::fmadd(x, v0, acc[r][0]);
-                acc[r][1] = Lanes::fmadd(x, v1, acc[r][1]);
-                acc[r][2] = Lanes::fmadd(x, v2, acc[r][2]);
-                acc[r][3] = Lanes::fmadd(x, v3, acc[r][3]);
-            }
+            load4(v + k * vs + c, row);
+            for (int r = 0; r < R; ++r) fmadd4(p[r * KEYS + k], row, acc[r]);
         }
         for (int r = 0; r < R; ++r)
             for (int j = 0; j < 4; ++j) Lanes::store(o + r * d + c + j * W, acc[r][j]);
