@@ -508,10 +508,10 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
     jobs += [(i, m, (k, None)) for i in range(len(paths)) for m in sorted(drafters) for k in method_top_ks(m, top_ks)]
     jobs += [(i, m, (k, n)) for i in range(len(paths)) for m in sorted(small_ms[i]) for k in small_ms[i][m]
              for n in small[m][k]]
+    schedule = [(r, job) for path in range(len(paths)) for r in range(repeats + 1) for job in jobs if job[0] == path]
     start = time.perf_counter()
-    with tqdm(total=(repeats + 1) * len(jobs), desc="machine profile", disable=not progress, leave=False) as bar:
-        for r, (i, key, size) in ((r, job) for path in range(len(paths)) for r in range(repeats + 1)
-                                  for job in jobs if job[0] == path):
+    with tqdm(total=len(schedule), desc="machine profile", disable=not progress, leave=False) as bar:
+        for r, (i, key, size) in schedule:
             if isinstance(key, int):
                 if r and warm[i][key][size] > STEEP * warm[i][key][1]:
                     bar.update()

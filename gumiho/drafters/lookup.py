@@ -85,10 +85,10 @@ def lookup_pool(sequence: Sequence[int], tree: TreeSettings, device: torch.devic
     """The candidate pool for `sequence` (its last token is the root): the trie of the continuations of
     `find_matches` (`ends` as there), depth by depth, siblings best first. Empty when nothing matches."""
     pool = DraftPool()
-    matches = find_matches(sequence, tree.max_ngram, tree.min_ngram, tree.top_k, ends)
+    text = sequence.tolist() if isinstance(sequence, np.ndarray) else sequence
+    matches = find_matches(text, tree.max_ngram, tree.min_ngram, tree.top_k, ends)
     if not matches:
         return pool
-    text = sequence.tolist() if isinstance(sequence, np.ndarray) else sequence
     # Trie nodes as parallel lists: token, parent node (-1 under the root), depth, weight, longest match through it.
     # An occurrence matching n tokens weighs (top_k + 1) ** n: small integers, summed exactly in floats.
     tokens: list[int] = []
