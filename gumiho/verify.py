@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .sampling import SamplingConfig, probabilities, sample
+from .sampling import SamplingConfig, greedy_token, probabilities, sample
 from .tree import DraftTree
 
 
@@ -110,7 +110,7 @@ def walk_greedy(tree: DraftTree, logits: LazyLogits) -> Acceptance:
     _prefetch_likeliest(tree, children, logits)
     node, nodes = 0, [0]
     while True:
-        predicted = int(logits[node].argmax())
+        predicted = greedy_token(logits[node])
         node = next((c for c in children[node] if tokens[c] == predicted), -1)
         if node < 0:
             break

@@ -152,3 +152,29 @@ def test_a_target_whose_attention_would_ignore_the_tree_mask_is_refused():
     target.model.config._attn_implementation = "eager"  # adds a boolean mask to the scores: nothing masked
     with pytest.raises(GumihoError, match="runs 'eager' attention; tree verification needs 'sdpa'"):
         replace(target)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+def test_a_feature_drafter_reads_a_long_prompts_last_pairs_only(method, monkeypatch):
+    """Of a prompt longer than the drafter's window, the draft layers read the last PROMPT_WINDOW pairs (the first
+    draft's cost and every draft step's attention); the output is still AR's, and drafts are still accepted."""
+    from gumiho.drafters import base
+
+    monkeypatch.setattr(base, "PROMPT_WINDOW", 8)
+    engine = tiny_engine(seed=3, vocab=16, drafter_seed=3)
+    drafter = engine.drafters[method]
+    lengths = []
+    original = type(drafter).draft
+
+    def draft(self, features, tokens, tree):
+        lengths.append((self.cache.length, tokens.shape[0]))
+        return original(self, features, tokens, tree)
+
+    monkeypatch.setattr(type(drafter), "draft", draft)
+    ids = torch.randint(0, 16, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids)
+    run = engine.generate("", method, GenerationConfig(max_new_tokens=30, tree=SHAPES[method][0]), prompt_ids=ids)
+    assert run.token_ids == ar.token_ids
+    assert lengths[0] == (0, 8)  # the first draft: an empty cache and the prompt's last 8 pairs of 40
+    assert all(past >= 8 for past, _ in lengths[1:])  # later drafts extend the window's cache
+    assert sum(s.accept_length for s in run.steps) > 0

@@ -225,6 +225,45 @@ def test_top_logprobs_break_ties_by_index_and_score_a_row_with_a_nan_or_an_inf_m
     assert indices[1].tolist() == [0, 1, 2]
 
 
+def test_top_logprobs_ties_and_nans_past_the_first_vector_blocks():
+    """The selection skips blocks of eight that hold nothing better than the k-th best so far: ties with it, later
+    better entries, a NaN or an infinity deep in the row, and rows whose length is no multiple of eight."""
+    ops = kernels.row_ops()
+    g = torch.Generator().manual_seed(5)
+    for vocab in (9, 23, 64, 4099):
+        for k in (1, 3, 8):
+            logits = torch.randint(-4, 4, (3, vocab), generator=g).float()  # many ties
+            logits[1, vocab - 1] = 10.0  # the best entry last, in the tail after the blocks
+            values, indices = ops.top_logprobs(logits, k, 1.0)
+            expected = torch.topk(torch.log_softmax(logits, -1), k, -1, sorted=True)
+            torch.testing.assert_close(values, expected.values, rtol=0, atol=1e-5)
+            for row in range(3):  # equal values: the lower index first
+                order = sorted(range(vocab), key=lambda i: (-logits[row, i].item(), i))[:k]
+                assert indices[row].tolist() == order
+            broken = logits.clone()
+            broken[0, vocab - 2], broken[2, vocab // 2] = float("nan"), float("inf")
+            values, _ = ops.top_logprobs(broken, k, 1.0)
+            assert (values[0] == -torch.inf).all() and (values[2] == -torch.inf).all()
+            assert torch.isfinite(values[1]).all()
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 8, 17, 4096, 49152])
+def test_argmax_is_torchs(vocab):
+    """The first largest entry, or the first NaN where there is one, as torch.argmax answers (ties, a tail past the
+    blocks of eight, infinities)."""
+    ops = kernels.row_ops()
+    g = torch.Generator().manual_seed(vocab)
+    for trial in range(40):
+        row = torch.randint(-3, 3, (vocab,), generator=g).float() if trial % 2 else torch.randn(vocab, generator=g)
+        if trial % 5 == 1:
+            row[int(torch.randint(vocab, (1,), generator=g))] = float("inf")
+        if trial % 7 == 2:
+            row[int(torch.randint(vocab, (1,), generator=g))] = float("nan")
+        assert ops.argmax(row) == int(row.argmax()), row
+    with pytest.raises(RuntimeError):
+        ops.argmax(torch.zeros(0))
+
+
 def test_the_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("GUMIHO_KERNELS", "0")
     for build in BUILDS:
