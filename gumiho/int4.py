@@ -20,7 +20,10 @@ AR token for token.
 
 from __future__ import annotations
 
+import statistics
+import time
 from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 import torch
@@ -36,8 +39,29 @@ RECORD_ROWS = 8  # output rows per record of kernels/q4_matmul.cpp
 # Bytes ahead of its reads at which our kernels ask for a matrix's next weights (0: never). A decode step reads every
 # weight once, from memory; asked for a page or two ahead, the 8-bit lm_head and the 4-bit layers arrive sooner: on
 # the 2-core AMD EPYC Zen 5, AR 168 -> 212 tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked
-# for ahead").
+# for ahead"). How far ahead pays is the memory system's, so each machine measures it (`fastest_ahead`, kept with
+# the int4 path's prefill choice, llama.LeanLlama): AHEAD holds this process's distance, the default until then.
 AHEAD = 8192
+AHEADS = (0, 4096, 8192, 16384)  # the distances measured
+
+
+def fastest_ahead(step: Callable[[], object], repeats: int = 7) -> tuple[int, dict[int, float]]:
+    """The distance of AHEADS at which `step` (a decode step's 4-bit products, one row each) is fastest, and each
+    one's median ms, the distances interleaved in each repeat. Asking ahead changes no number, only the time."""
+    global AHEAD
+    chosen, times = AHEAD, {ahead: [] for ahead in AHEADS}
+    try:
+        for repeat in range(repeats + 1):
+            for ahead in AHEADS[repeat % len(AHEADS):] + AHEADS[: repeat % len(AHEADS)]:
+                AHEAD = ahead
+                start = time.perf_counter()
+                step()
+                if repeat:  # the first round pays one-time costs
+                    times[ahead].append((time.perf_counter() - start) * 1e3)
+    finally:
+        AHEAD = chosen
+    medians = {ahead: statistics.median(ms) for ahead, ms in times.items()}
+    return min(medians, key=medians.get), medians
 
 
 @lru_cache(maxsize=None)

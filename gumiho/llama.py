@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .errors import GumihoError
+from . import int4 as int4_weights
 from .int4 import CastMatrix, Int4Matrix
 from .kernels import prompt_attention, row_attention, row_ops
 from .packed import PackedMatrix
@@ -289,6 +290,27 @@ class DecoderStack:
         return x
 
 
+def _read_choices(file: Path | None) -> dict:
+    """The int4 path's choices remembered in `file` ({} where there is none, or it does not parse)."""
+    try:
+        saved = json.loads(file.read_text()) if file is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _write_choices(file: Path | None, choices: dict) -> None:
+    if file is None:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(choices) + "\n")
+        tmp.replace(file)
+    except OSError:
+        pass  # a read-only cache: the next load measures again
+
+
 class LeanLlama(DecoderStack):
     """The decoder stack of a transformers Llama-family model, run without its modules (weights shared or cast)."""
 
@@ -330,6 +352,8 @@ class LeanLlama(DecoderStack):
             if int4 is not None:
                 self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
                     decoder.layers[0], prefill_file)
+                if self.layers[0].o.kernel is not None:  # our 4-bit kernel: how far ahead it asks for weights
+                    int4_weights.AHEAD = self._ahead_choice(prefill_file)
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
                                                                                              *linears))
@@ -388,6 +412,24 @@ class LeanLlama(DecoderStack):
             down=fused("mlp.down_proj"),
         )
 
+    def _ahead_choice(self, file: Path | None) -> int:
+        """`int4.fastest_ahead` over one row through every layer's 4-bit products (a decode step's weights, read
+        from memory), measured once per machine and model and then read from `file` beside the prefill choice."""
+        saved = _read_choices(file)
+        if saved.get("ahead") in int4_weights.AHEADS:
+            return int(saved["ahead"])
+        hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
+        x, y = torch.randn(1, hidden), torch.randn(1, inner)
+
+        def step() -> None:
+            for layer in self.layers:
+                layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
+
+        with torch.inference_mode():
+            ahead, _ = int4_weights.fastest_ahead(step)
+        _write_choices(file, {**_read_choices(file), "ahead": ahead})
+        return ahead
+
     def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int,
                                                                                    torch.dtype]:
         """`_fastest_prefill`, measured once per machine and model and then read from `file`. The choice changes
@@ -395,24 +437,16 @@ class LeanLlama(DecoderStack):
         load, it flipped between processes on the Zen 4 (the two times are close near 256 rows), and the same
         drafter's tau on MT-Bench's first 20 prompts read 2.705 in one process and 2.367 in another."""
         names = {None: "int4", **{dtype: str(dtype).removeprefix("torch.") for dtype in PREFILL_DTYPES}}
+        saved = _read_choices(file)
+        by_name = {name: dtype for dtype, name in names.items()}
         try:
-            saved = json.loads(file.read_text()) if file is not None else None
-            by_name = {name: dtype for dtype, name in names.items()}
-            if (saved is not None and saved.get("dtype") in by_name and int(saved.get("from", -1)) >= 0
+            if (saved.get("dtype") in by_name and int(saved.get("from", -1)) >= 0
                     and by_name.get(saved.get("attention")) is not None):
                 return by_name[saved["dtype"]], int(saved["from"]), by_name[saved["attention"]]
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass  # no file yet, or a damaged or older one: measure and write it again
+        except (ValueError, TypeError):
+            pass  # a damaged or older file: measure and write it again
         dtype, start, attention = self._fastest_prefill(first)
-        if file is not None:
-            try:
-                file.parent.mkdir(parents=True, exist_ok=True)
-                tmp = file.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"dtype": names[dtype], "from": start, "attention": names[attention]})
-                               + "\n")
-                tmp.replace(file)
-            except OSError:
-                pass  # a read-only cache: the next load measures again
+        _write_choices(file, {**saved, "dtype": names[dtype], "from": start, "attention": names[attention]})
         return dtype, start, attention
 
     def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, torch.dtype]:

@@ -50,7 +50,7 @@ from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 21  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 22  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -65,7 +65,8 @@ VERSION = 21  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 20: T(n) from differences to the T(1) timed just before it (paired_curve): T(2) had come out level with T(1);
 # 21: a prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp), what the prefill's attention
 # dtype is measured against; the products ask for their weights non-temporally (a cycle's drafts 5-15% cheaper);
-# paths timed one after another (amid each other's repeats the int4 curve came out flat)
+# paths timed one after another (amid each other's repeats the int4 curve came out flat); 22: how far ahead the 4-bit
+# and 8-bit products ask for their weights measured per machine (int4.fastest_ahead), kept with the prefill choice
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)

@@ -4,11 +4,13 @@ computed alike whatever their number, and greedy speculation that equals this pa
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 import torch
 
+from gumiho import int4
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
 from gumiho.llama import PREFILL_ROWS, LeanLlama
@@ -191,7 +193,7 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
     assert (lean.prefill_dtype, lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
     target = tiny_int4_engine(0).target  # a later load of the same model on the same machine
     assert (target.lean.prefill_dtype, target.lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
-    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
+    assert prefill_choices(target) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
     assert target.lean.prefill_attention == torch.bfloat16
     prefill_path(target).write_text("{damaged")
     lean = tiny_int4_engine(0).target.lean
@@ -199,7 +201,52 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
     prefill_path(target).write_text(json.dumps({"dtype": "bfloat16", "from": 90}))  # an older file: no attention
     lean = tiny_int4_engine(0).target.lean
     assert (lean.prefill_attention, len(measured)) == (torch.bfloat16, 3)
-    assert json.loads(prefill_path(target).read_text()) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
+    assert prefill_choices(target) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
+
+
+def prefill_choices(target) -> dict:
+    """The remembered prefill choice, without the fetch distance kept beside it."""
+    return {k: v for k, v in json.loads(prefill_path(target).read_text()).items() if k != "ahead"}
+
+
+def test_how_far_ahead_the_products_ask_for_weights_is_measured_once_per_machine_then_read(monkeypatch, tmp_path):
+    """The distance is the memory system's: the first load measures it (one row through every layer's 4-bit
+    products at each distance), the next ones read it; a value that is not a measured distance is measured again."""
+    if int4.q4_matmul() is None:
+        pytest.skip("our 4-bit kernel does not build here (the distance is its argument)")
+    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    monkeypatch.setattr(int4, "AHEAD", int4.AHEAD)  # restored after the test
+    measured = []
+
+    def fastest(step, repeats=7):
+        step()  # the products it times run
+        measured.append(1)
+        return 4096, {ahead: 1.0 for ahead in int4.AHEADS}
+
+    monkeypatch.setattr(int4, "fastest_ahead", fastest)
+    target = tiny_int4_engine(0).target
+    assert (int4.AHEAD, len(measured)) == (4096, 1)
+    assert json.loads(prefill_path(target).read_text())["ahead"] == 4096
+    int4.AHEAD = 8192
+    tiny_int4_engine(0)  # a later load on the same machine reads it
+    assert (int4.AHEAD, len(measured)) == (4096, 1)
+    prefill_path(target).write_text(json.dumps({**prefill_choices(target), "ahead": 123}))
+    tiny_int4_engine(0)
+    assert len(measured) == 2 and json.loads(prefill_path(target).read_text())["ahead"] == 4096
+
+
+def test_the_fastest_distance_is_the_one_whose_products_took_least_and_the_setting_is_restored(monkeypatch):
+    monkeypatch.setattr(int4, "AHEAD", 8192)
+    seen = []
+
+    def step():
+        seen.append(int4.AHEAD)
+        time.sleep(0.0005 if int4.AHEAD == 16384 else 0.003)
+
+    ahead, medians = int4.fastest_ahead(step, repeats=4)
+    assert ahead == 16384 and min(medians, key=medians.get) == 16384 and set(medians) == set(int4.AHEADS)
+    assert int4.AHEAD == 8192  # the caller sets the distance it chose
+    assert sorted(seen) == sorted(list(int4.AHEADS) * 5)  # every distance in every repeat, the first one untimed
 
 
 def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
