@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .errors import GumihoError
 from . import int4 as int4_weights
+from .errors import GumihoError
 from .int4 import CastMatrix, Int4Matrix
 from .kernels import prompt_attention, row_attention, row_ops
 from .packed import PackedMatrix
