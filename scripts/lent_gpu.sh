@@ -4,6 +4,7 @@
 #
 #   bash scripts/lent_gpu.sh pack          # here: .gpu/p1 (wheels, GGUF part 1), .gpu/p2 (GGUF part 2, data),
 #                                          # and the drafters' weights moved out of the tree (it travels each time)
+#   TASKS=1 bash scripts/lent_gpu.sh pack  # the same, the self-distilled sets answering task-shaped prompts
 #   device run, carry .gpu/p1:  bash scripts/lent_gpu.sh install
 #   device run, carry .gpu/p2:  bash scripts/lent_gpu.sh start SECONDS      # the round runs on in the background
 #   here: bash scripts/lent_gpu.sh restore    # the two initial drafters back into the tree (they travel next;
@@ -48,6 +49,17 @@ with lzma.open(".gpu/p2/sharegpt-subset.jsonl.xz", "wt", encoding="utf-8") as f:
         f.write(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n")
 print(f"{len(train)} training and {len(heldout)} held-out conversations")
 EOF
+    # TASKS=1: the self-distilled sets answer task-shaped first turns (train_drafters.sh), drawn here from the whole
+    # package (PER_TASK of each kind) rather than from the round's subset, which holds few summaries and math problems.
+    if [ "${TASKS:-0}" = 1 ]; then
+        local side
+        for side in train heldout; do
+            .venv/bin/python -m gumiho.train prompts --split "$side" --per-task "${PER_TASK:-1300}" \
+                --out ".gpu/p2/task-prompts-$side.jsonl"
+            xz -f -6 ".gpu/p2/task-prompts-$side.jsonl"
+        done
+        echo "${PER_TASK:-1300}" > .gpu/p2/per-task
+    fi
     local folder
     for folder in assets/drafters/*/; do  # `restore` and `unpack` bring them back
         [ -f "$folder/model.safetensors" ] || continue
@@ -68,11 +80,19 @@ start() {
     cat /tmp/gguf.xz.a .gpu/p2/gguf.xz.b | xz -d > "$gguf"
     echo "$GGUF_SHA  $gguf" | sha256sum -c
     mkdir -p cache && xz -dc .gpu/p2/sharegpt-subset.jsonl.xz > cache/sharegpt-subset.jsonl
+    local tasks=0 per_task=1300 side
+    if [ -f .gpu/p2/per-task ]; then  # `pack` with TASKS=1: the prompts where train_drafters.sh looks for them
+        tasks=1 per_task=$(cat .gpu/p2/per-task)
+        mkdir -p cache/train
+        for side in train heldout; do
+            xz -dc ".gpu/p2/task-prompts-$side.jsonl.xz" > "cache/train/task$per_task-prompts-$side.jsonl"
+        done
+    fi
     export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
     echo $(( $(date +%s) + seconds )) > /tmp/end
     # CONVERSATIONS: every conversation `pack` chose (the held-out lines count too, but the train split has fewer).
     INIT=assets/drafters SHAREGPT=cache/sharegpt-subset.jsonl CONVERSATIONS=$(wc -l < cache/sharegpt-subset.jsonl) \
-        TURNS=3 MAX_PROMPT_LEN=1024 \
+        TURNS=3 MAX_PROMPT_LEN=1024 TASKS=$tasks PER_TASK=$per_task \
         SHARD=512 LR=2e-4 WARMUP=50 BATCH_TOKENS=16384 UNROLL_EAGLE2=${UNROLL_EAGLE2:-3} \
         EAGLE2_SHARE=${EAGLE2_SHARE:-1.0} GEN_S=${GEN_S:-250} END="$(cat /tmp/end)" \
         RESERVE_S=90 PY=$PY setsid nohup bash scripts/train_drafters.sh > /tmp/round.log 2>&1 < /dev/null &

@@ -6,6 +6,7 @@
 #
 #   bash scripts/train_drafters.sh                          # the shipped run
 #   SHAREGPT=/data/sharegpt.json MINUTES=5 bash scripts/train_drafters.sh
+#   TASKS=1 INIT=assets/drafters MINUTES=10 bash scripts/train_drafters.sh   # task-shaped replies (see below)
 #
 # MINUTES is the wall-clock budget of the Gumiho run: its length is fixed after timing its first steps, and the
 # EAGLE-2 run after it gets exactly the same number of steps (same batches, same data, same tokens seen). Budget
@@ -44,6 +45,8 @@ PROBE_STEPS=${PROBE_STEPS:-20}        # Gumiho steps timed to fix its length
 UNROLL_EAGLE2=${UNROLL_EAGLE2:-1}      # training-time test: draft steps trained per position (--unroll)
 UNROLL_GUMIHO=${UNROLL_GUMIHO:-1}     # (Gumiho drafts 2 tokens serially, so 2 is its useful maximum)
 INIT=${INIT:-}                        # folder holding smollm2-135m-{eagle2,gumiho}/ to fine-tune; empty: from scratch
+TASKS=${TASKS:-0}                     # 1: the self-distilled sets answer task-shaped first turns (below)
+PER_TASK=${PER_TASK:-1300}            # with TASKS=1: at most this many prompts of each kind of task
 CACHE=${CACHE:-cache/train}
 RUNS=${RUNS:-runs}
 DEST=${DEST:-$RUNS/shipped}           # fp16 drafter folders with model cards
@@ -55,6 +58,22 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 data=(${SHAREGPT:+--data "$SHAREGPT"})
 common=(--dtype "$DTYPE" $MODEL_ARGS)
 start=$(date +%s)
+# What the target answers: ShareGPT's conversations (TURNS user turns each), or with TASKS=1 first turns that ask
+# for the benchmark sets' kinds of task (code, math, summaries of a supplied text, questions, instructions; none
+# overlapping a benchmark prompt), the data that moved the drafters on the benchmark sets in the CPU campaign
+# (docs/training.md, "Task-shaped data"). ShareGPT's own replies stay the general set either way.
+distill_data=("${data[@]}") heldout_data=("${data[@]}") turns=$TURNS train_set=distill-train heldout_set=distill-heldout
+if [ "$TASKS" = 1 ]; then  # folders of their own: prepare resumes a folder's shards, never mixing two kinds of data
+    train_set=task$PER_TASK-train heldout_set=task$PER_TASK-heldout
+    mkdir -p "$CACHE"
+    for side in train heldout; do
+        [ -s "$CACHE/task$PER_TASK-prompts-$side.jsonl" ] || $PY -m gumiho.train prompts --split "$side" \
+            --per-task "$PER_TASK" "${data[@]}" --out "$CACHE/task$PER_TASK-prompts-$side.jsonl"
+    done
+    distill_data=(--data "$CACHE/task$PER_TASK-prompts-train.jsonl")
+    heldout_data=(--data "$CACHE/task$PER_TASK-prompts-heldout.jsonl" --max-prompt-len "$MAX_PROMPT_LEN")
+    turns=1
+fi
 
 # Wait for a background job; with a deadline, stop it there (a prepare run keeps its finished shards).
 finish() {
@@ -70,11 +89,12 @@ finish() {
 
 # 1. Held-out replies, self-distilled training replies and ShareGPT's own replies, side by side.
 $PY -m gumiho.train prepare --split heldout --conversations "$HELDOUT" --gen-batch "$GEN_BATCH" \
-    --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/distill-heldout" "${data[@]}" "${common[@]}" &
+    --max-new-tokens "$NEW_TOKENS" --shard-size "$SHARD" --out "$CACHE/$heldout_set" "${heldout_data[@]}" \
+    "${common[@]}" &
 heldout=$!
 $PY -m gumiho.train prepare --split train --conversations "$CONVERSATIONS" --gen-batch "$GEN_BATCH" \
-    --max-new-tokens "$NEW_TOKENS" --turns "$TURNS" --max-prompt-len "$MAX_PROMPT_LEN" --shard-size "$SHARD" \
-    --out "$CACHE/distill-train" "${data[@]}" "${common[@]}" &
+    --max-new-tokens "$NEW_TOKENS" --turns "$turns" --max-prompt-len "$MAX_PROMPT_LEN" --shard-size "$SHARD" \
+    --out "$CACHE/$train_set" "${distill_data[@]}" "${common[@]}" &
 distill=$!
 $PY -m gumiho.train prepare --split train --no-distill --conversations "$CONVERSATIONS" --max-len "$MAX_LEN" \
     --shard-size "$SHARD" --out "$CACHE/sharegpt-train" "${data[@]}" "${common[@]}" &
@@ -83,7 +103,7 @@ finish $distill "${GEN_S:+$(( start + GEN_S ))}" self-distillation
 finish $heldout "${GEN_S:+$(( start + GEN_S + 30 ))}" "held-out replies"
 finish $sharegpt "${GEN_S:+$(( start + GEN_S + 30 ))}" "ShareGPT features"
 if [ -n "$GEN_S" ]; then  # a stopped run wrote no manifest: write it from the finished shards
-    for set in distill-heldout distill-train sharegpt-train; do
+    for set in "$heldout_set" "$train_set" sharegpt-train; do
         $PY -c "import sys; from pathlib import Path; from gumiho.train.prepare import write_manifest; \
 write_manifest(Path(sys.argv[1]))" "$CACHE/$set"
     done
@@ -94,7 +114,7 @@ fi
 #    2-3x after that (an H200, 2026-11: 480k tokens/s alone, 170k with EAGLE-2 beside it), so it would overrun.
 #    Each drafter is evaluated and shipped as soon as it is trained: a round that runs out of time keeps Gumiho.
 # With GEN_S, a set may hold no finished shard yet (a slow machine): training takes the sets that do.
-DATA=$(for set in distill-train distill-train sharegpt-train; do
+DATA=$(for set in "$train_set" "$train_set" sharegpt-train; do
     if compgen -G "$CACHE/$set/shard-*.safetensors" > /dev/null; then echo "$CACHE/$set"; fi
 done | paste -sd, -)
 [ -n "$DATA" ] || { echo "no feature shard was finished in time: nothing to train on" >&2; exit 2; }
@@ -106,8 +126,8 @@ init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
 evaluate_and_ship() {
     local kind=$1
     [ -z "$INIT" ] || $PY -m gumiho.train eval --drafter-dir "$INIT/smollm2-135m-$kind" \
-        --heldout "$CACHE/distill-heldout" --out "$RUNS/$kind/eval-heldout-before.json" "${common[@]}"
-    $PY -m gumiho.train eval --drafter-dir "$RUNS/$kind/drafter" --heldout "$CACHE/distill-heldout" \
+        --heldout "$CACHE/$heldout_set" --out "$RUNS/$kind/eval-heldout-before.json" "${common[@]}"
+    $PY -m gumiho.train eval --drafter-dir "$RUNS/$kind/drafter" --heldout "$CACHE/$heldout_set" \
         --out "$RUNS/$kind/eval-heldout.json" "${common[@]}"
     $PY -m gumiho.train ship --run "$RUNS/$kind" --dest "$DEST/smollm2-135m-$kind" --eval "$RUNS/$kind/eval-heldout.json"
 }
