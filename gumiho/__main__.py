@@ -31,8 +31,9 @@ def check_tree_options(args: argparse.Namespace) -> None:
         raise GumihoError("--gamma, --beams and --tau-acc are MJSD options (--method mjsd)")
     if args.method != "lookup" and (args.max_ngram is not None or args.min_ngram is not None):
         raise GumihoError("--max-ngram and --min-ngram are lookup options (--method lookup)")
-    if args.lookup_merge and args.method not in CALIBRATED:
-        raise GumihoError(f"--lookup-merge is an option of the learned drafters ({', '.join(CALIBRATED)})")
+    if args.lookup_merge and args.method not in (*CALIBRATED, "recycle"):
+        raise GumihoError(f"--lookup-merge is an option of the learned drafters and recycle "
+                          f"({', '.join(CALIBRATED)}, recycle)")
     if args.lookup_branches and args.method not in BRANCHED:
         raise GumihoError(f"--lookup-branches is an option of the dynamic-tree drafters ({', '.join(BRANCHED)})")
     if args.method == "lookup":

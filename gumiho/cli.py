@@ -105,8 +105,9 @@ def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
     tree.add_argument("--max-ngram", type=positive, help="lookup: the longest suffix of the text looked up "
                       "earlier in it (default 3)")
     tree.add_argument("--min-ngram", type=positive, help="lookup: the shortest suffix looked up (default 1)")
-    tree.add_argument("--lookup-merge", type=non_negative, help="learned drafters: verify prompt lookup's tree "
-                      "instead of drafting when the text's last N tokens occurred earlier (default 3; 0: off)")
+    tree.add_argument("--lookup-merge", type=non_negative, help="learned drafters and recycle: verify prompt "
+                      "lookup's tree instead of drafting when the text's last N tokens occurred earlier (default 3; "
+                      "0: off)")
     tree.add_argument("--lookup-branches", type=non_negative, help="EAGLE-2, Gumiho: in cycles that draft, add "
                       "prompt lookup's continuations of matches of N or more tokens to the tree (default 0: off)")
 

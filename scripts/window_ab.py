@@ -45,7 +45,8 @@ def main() -> None:
                 assert run.token_ids == ar.token_ids, f"window {window}: not AR's output"
     print("| window | speed over AR | τ |\n|---|---|---|")
     for window in args.windows:
-        print(f"| {window or 'whole prompt'} | {statistics.mean(speed[window]):.3f}x | {statistics.mean(tau[window]):.3f} |")
+        label = window or "whole prompt"
+        print(f"| {label} | {statistics.mean(speed[window]):.3f}x | {statistics.mean(tau[window]):.3f} |")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ SHAPES = {
                TreeSettings(top_k=8, depth=8, total_tokens=40, max_ngram=4, min_ngram=2),
                TreeSettings(top_k=1, depth=3, total_tokens=4, max_ngram=1, min_ngram=1)],
     "recycle": [TreeSettings(top_k=4, depth=5, total_tokens=8), TreeSettings(top_k=8, depth=6, total_tokens=48),
-                TreeSettings(top_k=2, depth=2, total_tokens=4)],
+                TreeSettings(top_k=2, depth=2, total_tokens=4, lookup_merge=2)],  # with prompt lookup's switch
 }
 
 

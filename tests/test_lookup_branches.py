@@ -161,7 +161,7 @@ def test_branches_are_a_dynamic_tree_option(method, settings, message):
     (["--method", "eagle2", "--lookup-branches", "-1"], "argument --lookup-branches: must be >= 0"),
     (["--method", "gumiho", "--lookup-merge", "x"], "argument --lookup-merge: expected an integer, got 'x'"),
     (["--method", "ar", "--lookup-merge", "3"], "--lookup-merge is an option of the learned drafters"),
-    (["--method", "recycle", "--lookup-merge", "2"], "--lookup-merge is an option of the learned drafters"),
+    (["--method", "lookup", "--lookup-merge", "2"], "--lookup-merge is an option of the learned drafters and recycle"),
 ])
 def test_bad_branch_options_fail_fast_with_one_line(capsys, args, message):
     code, out, err = run_cli(capsys, *args)

@@ -202,7 +202,8 @@ def test_greedy_recycle_equals_ar_on_the_default_model(smollm):
     assert run.token_ids == ar.token_ids
     assert sum(step.accept_length for step in run.steps) >= 3, "recycled candidates must get accepted"
     assert run.cycles < ar.cycles and run.drafter == ""
-    assert {n.source for s in run.steps for n in s.nodes} == {"root", "recycle"}
+    # The table's nodes, and prompt lookup's where the switch took a 3-token match (the CPU default, tree.py).
+    assert {"root", "recycle"} <= {n.source for s in run.steps for n in s.nodes} <= {"root", "recycle", "lookup"}
     assert all(s.tree_size <= run.settings.tree["total_tokens"] for s in run.steps)
 
 

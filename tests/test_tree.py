@@ -240,10 +240,17 @@ def test_the_lookup_switch_verifies_lookups_budget_unless_the_tree_size_is_fixed
     assert replace(base, total_tokens=2).lookup_tree().total_tokens == 2
 
 
-@pytest.mark.parametrize("method,merge", [("gumiho", -1), ("mjsd", 3), ("lookup", 3), ("recycle", 2)])
-def test_the_lookup_switch_is_a_learned_drafters_option(method, merge):
+@pytest.mark.parametrize("method,merge", [("gumiho", -1), ("mjsd", 3), ("lookup", 3), ("recycle", -1)])
+def test_the_lookup_switch_is_a_learned_drafters_and_recyclings_option(method, merge):
     with pytest.raises(GumihoError, match="lookup-merge"):
         replace(TreeSettings.default(method, "cpu"), lookup_merge=merge).validate(method)
+
+
+def test_recycling_switches_to_prompt_lookup_on_a_cpu_only():
+    """Measured to pay on a CPU (tree.py, beside LOOKUP_MERGE); a GPU's nearly free 64-token trees keep the table's."""
+    assert TreeSettings.default("recycle", "cpu").lookup_merge == LOOKUP_MERGE
+    assert TreeSettings.default("recycle", "cuda").lookup_merge == 0
+    TreeSettings.default("recycle", "cpu").validate("recycle")
 
 
 def test_resolve_gives_no_tree_for_ar():
