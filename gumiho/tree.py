@@ -306,11 +306,11 @@ class TreeSettings:
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
-        """The method's tree on this device; a learned drafter's switches to prompt lookup on a match of
-        LOOKUP_MERGE tokens, and a dynamic one (EAGLE-2, Gumiho) takes the continuations of shorter matches as
-        branches (LOOKUP_BRANCHES)."""
+        """The method's tree on this device; a learned drafter's (and on a CPU Token Recycling's) switches to prompt
+        lookup on a match of LOOKUP_MERGE tokens, and a dynamic one (EAGLE-2, Gumiho) takes the continuations of
+        shorter matches as branches (LOOKUP_BRANCHES)."""
         tree = cls._default(method, device_type)
-        if method == "recycle" and device_type != "cuda":  # the switch, measured to pay on a CPU (see LOOKUP_MERGE)
+        if method == "recycle" and device_type != "cuda":  # measured to pay on a CPU (LOOKUP_MERGE)
             return replace(tree, lookup_merge=LOOKUP_MERGE)
         learned = method not in ("mjsd", *DRAFT_FREE) and tree.total_tokens > 1
         if not learned:
@@ -481,12 +481,12 @@ def _recycle_default(cls: type[TreeSettings], device_type: str) -> TreeSettings:
 
 DRAFT_FREE = {"lookup": _lookup_default, "recycle": _recycle_default}  # method -> its default tree per device
 # A learned drafter's tree gives way to prompt lookup's when the text's last 3 tokens occurred earlier: such a match
-# is usually copied on (summaries, code edits, quotes), and a lookup draft costs nothing.
+# is usually copied on (summaries, code edits, quotes), and a lookup draft costs nothing. Token Recycling takes the
+# same switch on a CPU, where its table's candidates are accepted less often than such a match's continuation:
+# interleaved, 3 prompts a set, 2 rounds, on the 2-core Zen 5 EPYC, 1.016x -> 1.083x over AR (τ 1.30 -> 1.51), its
+# lowest set 0.929x -> 0.967x (docs/benchmarks.md). Not measured on a GPU, where its 64-token trees are nearly free:
+# off there.
 LOOKUP_MERGE = 3
-# Token Recycling takes the same switch on a CPU: its table's drafts cost an lm_head row's top-k a cycle and are
-# accepted less often than a 3-token match's continuation. Interleaved, 3 prompts a set, 2 rounds, on the 2-core
-# Zen 5 EPYC: 1.016x -> 1.083x over AR (τ 1.30 -> 1.51), its lowest set 0.929x -> 0.967x (docs/benchmarks.md). Not
-# measured on a GPU, where its 64-token trees are nearly free: off there.
 # Shorter matches join a dynamic drafter's tree as branches (design.md §17.5): a one-token match's continuation is
 # often right where the drafter's first token is not. Off in the CPU's sized trees (choice.best_tree).
 LOOKUP_BRANCHES = 1
