@@ -427,7 +427,7 @@ class LeanLlama(DecoderStack):
 
         with torch.inference_mode():
             ahead, _ = int4_weights.fastest_ahead(step)
-        _write_choices(file, {**_read_choices(file), "ahead": ahead})
+        _write_choices(file, {**saved, "ahead": ahead})
         return ahead
 
     def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int,
