@@ -77,6 +77,7 @@ def campaign_paused(pid_file: Path | None = None) -> Iterator[bool]:
         hold = open(path.with_name("hold.lock"), "a")
         fcntl.flock(hold, fcntl.LOCK_SH)
         os.killpg(group, signal.SIGSTOP)
+        _wait_stopped(group)
         logging.getLogger(__name__).warning("paused the drafter campaign (process group %d) while measuring", group)
     except (OSError, ValueError):  # no campaign, a stale file, or not ours to stop
         group = None
@@ -92,6 +93,26 @@ def campaign_paused(pid_file: Path | None = None) -> Iterator[bool]:
             except OSError:  # another holder still measures (it continues the campaign), or the campaign ended
                 pass
             hold.close()
+
+
+def _wait_stopped(group: int, timeout: float = 2.0) -> None:
+    """Return once every process of `group` is stopped (or after `timeout` s). SIGSTOP is delivered asynchronously:
+    a process running on the other core can go on for a moment, and a measurement begun then timed it too (a test
+    once caught the campaign's worker still running, state R, as the profile started). Linux /proc only."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, pgrp, ...
+            except (OSError, IndexError):
+                continue  # gone meanwhile, or not readable
+            if int(fields[2]) == group and fields[0] not in "TtZX":
+                running = True
+                break
+        if not running:
+            return
+        time.sleep(0.005)
 
 
 class LoadMonitor:
