@@ -39,8 +39,8 @@ RECORD_ROWS = 8  # output rows per record of kernels/q4_matmul.cpp
 # Bytes ahead of its reads at which our kernels ask for a matrix's next weights (0: never). A decode step reads every
 # weight once, from memory; asked for a page or two ahead, the 8-bit lm_head and the 4-bit layers arrive sooner: on
 # the 2-core AMD EPYC Zen 5, AR 168 -> 212 tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked
-# for ahead"). How far ahead pays is the memory system's, so each machine measures it (`fastest_ahead`, kept with
-# the int4 path's prefill choice, llama.LeanLlama): AHEAD holds this process's distance, the default until then.
+# for ahead"). How far ahead pays is the memory system's, so each load measures it (`fastest_ahead`,
+# llama.LeanLlama): AHEAD holds this process's distance, the default until then.
 AHEAD = 8192
 AHEADS = (0, 4096, 8192, 16384)  # the distances measured
 

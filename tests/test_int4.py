@@ -205,13 +205,13 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
 
 
 def prefill_choices(target) -> dict:
-    """The remembered prefill choice, without the fetch distance kept beside it."""
-    return {k: v for k, v in json.loads(prefill_path(target).read_text()).items() if k != "ahead"}
+    """The remembered prefill choice."""
+    return json.loads(prefill_path(target).read_text())
 
 
-def test_how_far_ahead_the_products_ask_for_weights_is_measured_once_per_machine_then_read(monkeypatch, tmp_path):
-    """The distance is the memory system's: the first load measures it (one row through every layer's 4-bit
-    products at each distance), the next ones read it; a value that is not a measured distance is measured again."""
+def test_how_far_ahead_the_products_ask_for_weights_is_measured_at_every_load(monkeypatch, tmp_path):
+    """The distance is the host's memory system's and changes no number: each load measures it (one row through
+    every layer's 4-bit products at each distance), and no file keeps it."""
     if int4.q4_matmul() is None:
         pytest.skip("our 4-bit kernel does not build here (the distance is its argument)")
     monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
@@ -221,18 +221,14 @@ def test_how_far_ahead_the_products_ask_for_weights_is_measured_once_per_machine
     def fastest(step, repeats=7):
         step()  # the products it times run
         measured.append(1)
-        return 4096, {ahead: 1.0 for ahead in int4.AHEADS}
+        return 4096 * len(measured), {ahead: 1.0 for ahead in int4.AHEADS}
 
     monkeypatch.setattr(int4, "fastest_ahead", fastest)
     target = tiny_int4_engine(0).target
     assert (int4.AHEAD, len(measured)) == (4096, 1)
-    assert json.loads(prefill_path(target).read_text())["ahead"] == 4096
-    int4.AHEAD = 8192
-    tiny_int4_engine(0)  # a later load on the same machine reads it
-    assert (int4.AHEAD, len(measured)) == (4096, 1)
-    prefill_path(target).write_text(json.dumps({**prefill_choices(target), "ahead": 123}))
-    tiny_int4_engine(0)
-    assert len(measured) == 2 and json.loads(prefill_path(target).read_text())["ahead"] == 4096
+    assert "ahead" not in json.loads(prefill_path(target).read_text())
+    tiny_int4_engine(0)  # a later load measures again
+    assert (int4.AHEAD, len(measured)) == (8192, 2)
 
 
 def test_the_fastest_distance_is_the_one_whose_products_took_least_and_the_setting_is_restored(monkeypatch):
