@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,12 +35,22 @@ class Acceptance:
     """Per top_k, one list per calibration cycle: the running maximum rank of its accepted nodes."""
 
     prefix_ranks: dict[int, list[list[int]]]
+    _below: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def tau(self, top_k: int, n: int) -> float:
+        """Tokens a cycle emits with the tree of n tokens at this top_k: 1 + the mean count of accepted nodes ranked
+        below n - 1. The counts per rank are summed once per top_k (the choice asks for hundreds of trees)."""
         ranks = self.prefix_ranks[top_k]
         if not ranks:
             return 1.0
-        return 1.0 + sum(sum(r < n - 1 for r in cycle) for cycle in ranks) / len(ranks)
+        if top_k not in self._below:  # _below[k][m]: accepted nodes of rank below m, over every cycle
+            at = Counter(r for cycle in ranks for r in cycle)
+            below = [0]
+            for rank in range(max(at, default=0) + 1):
+                below.append(below[-1] + at[rank])
+            self._below[top_k] = below
+        below = self._below[top_k]
+        return 1.0 + below[min(max(n - 1, 0), len(below) - 1)] / len(ranks)
 
     def save(self, folder: str | Path, method: str = "") -> None:
         data = {"version": 1, "prefix_ranks": {str(k): v for k, v in sorted(self.prefix_ranks.items())}}

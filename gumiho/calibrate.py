@@ -1,33 +1,22 @@
 """Measure a drafter's acceptance statistics (`acceptance.py`): greedy runs with the widest tree of each top_k.
 
 The prompts are never taken from the benchmark sets, so the automatic trees are not tuned on the evaluation data:
-by default eight generic ones (`PROMPTS`); the shipped drafters' statistics come from these and 69 held-out
+by default eight generic ones (`prompts.GENERIC_PROMPTS`); the shipped drafters' statistics come from these and 69 held-out
 task-shaped prompts (`--prompts data/calibration/prompts.jsonl`, its README). The statistics depend on the drafter
 and the target only, so they ship with the drafter.
 """
 
 from __future__ import annotations
 
-
 from tqdm import tqdm
 
 from .acceptance import Acceptance
 from .engine import Engine, GenerationConfig
 from .profile import TOP_KS, method_top_ks, widest_tree
+from .prompts import GENERIC_PROMPTS as PROMPTS
 from .sampling import SamplingConfig
 from .static_tree import STATIC_METHODS
 from .trace import CycleTrace
-
-PROMPTS = (
-    "Describe how a bicycle works, part by part.",
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain the difference between a list and a tuple in Python, with examples.",
-    "What are three good habits for staying healthy while working from home?",
-    "Summarise the causes of the French Revolution in a paragraph.",
-    "A train leaves at 3 pm and travels 120 km at 80 km/h. When does it arrive? Explain step by step.",
-    "Write a polite email asking a colleague to review a document by Friday.",
-    "Translate into French: 'The weather is lovely today, let us go for a walk.'",
-)
 
 
 def accepted_prefix_ranks(cycle: CycleTrace, static: bool = False) -> list[int]:

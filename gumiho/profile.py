@@ -41,8 +41,10 @@ import torch
 from tqdm import tqdm
 
 from .drafters import Drafter
+from .errors import GumihoError
 from .int4 import int4_available
 from .packed import packing_enabled, packs
+from .prompts import GENERIC_PROMPTS, read_prompts
 from .static_tree import STATIC_METHODS, layout
 from .target import Target, cache_root
 from .tree import TreeSettings, build_tree
@@ -50,7 +52,7 @@ from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 22  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 23  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -66,13 +68,18 @@ VERSION = 22  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # 21: a prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp), what the prefill's attention
 # dtype is measured against; the products ask for their weights non-temporally (a cycle's drafts 5-15% cheaper);
 # paths timed one after another (amid each other's repeats the int4 curve came out flat); 22: how far ahead the 4-bit
-# and 8-bit products ask for their weights measured per machine (int4.fastest_ahead), kept with the prefill choice
+# and 8-bit products ask for their weights measured per machine (int4.fastest_ahead), kept with the prefill choice;
+# 23: the fastest path's greedy replies to calibration prompts (`texts`, for the expected speed-ups: expected.py)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
 DEPTH_CAPPED = ("eagle2", "gumiho")  # drafters that stop at the depth a small tree can keep
 SMALL_TOP_K = 4  # the widest first layer whose small trees' drafts are timed (small_sizes)
 REPEATS = 3
+TEXT_PROMPTS = 16  # calibration prompts whose greedy replies the profile keeps (`texts`), TEXT_TOKENS tokens each
+TEXT_TOKENS = 64
+TEXT_PROMPT_TOKENS = 1024  # longer prompts (documents to summarise) are passed over: a slow processor's profile
+CALIBRATION_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "calibration" / "prompts.jsonl"
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "avx_vnni",
                 "avx512_vnni")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -261,6 +268,9 @@ class MachineProfile:
     drafters: dict[str, str]  # method -> shape key of the drafter that was timed
     costs: list[PathCost]
     seconds: float
+    # The fastest path's greedy replies to calibration prompts, as (prompt length, prompt and reply ids): the text a
+    # method's cycles are replayed on to expect what prompt lookup adds (expected.py). Empty: not measured.
+    texts: list[tuple[int, list[int]]] = field(default_factory=list)
     version: int = VERSION
 
     def to_dict(self) -> dict:
@@ -286,8 +296,11 @@ class MachineProfile:
                                       float(c["head_alone_ms"])))
             if not costs or not all(x > 0 for c in costs for v in c.verify_ms.values() for x in v):
                 raise ProfileError("empty or non-positive timings")
+            texts = [(int(length), [int(i) for i in ids]) for length, ids in data.get("texts", [])]
+            if any(not 0 < length < len(ids) for length, ids in texts):
+                raise ProfileError("a text without a prompt or a reply")
             return cls(signature=dict(data["signature"]), model=str(data["model"]), drafters=dict(data["drafters"]),
-                       costs=costs, seconds=float(data["seconds"]))
+                       costs=costs, seconds=float(data["seconds"]), texts=texts)
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -542,9 +555,45 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                               {m: {k: {n: low(v) for n, v in by_n.items()} for k, by_n in per.items()}
                                for m, per in small_ms[i].items()},
                               runner.head_batches, head_alone_ms))
+    fastest = min(range(len(costs)), key=lambda i: costs[i].verify_at(1))
+    texts = greedy_texts(runners[fastest], calibration_prompts(), TEXT_TOKENS, TEXT_PROMPTS)
     return MachineProfile(signature=signature(target.device), model=target.name,
                           drafters={m: drafter_key(d) for m, d in drafters.items()}, costs=costs,
-                          seconds=round(time.perf_counter() - start, 1))
+                          seconds=round(time.perf_counter() - start, 1), texts=texts)
+
+
+def calibration_prompts() -> list[str]:
+    """The calibration prompts (data/calibration: generic ones, then task-shaped ones of four kinds in turn), in an
+    order that spreads any first few over them; the generic ones where the file is not there."""
+    try:
+        prompts = read_prompts(CALIBRATION_PROMPTS)
+    except GumihoError:
+        return list(GENERIC_PROMPTS)
+    step = max(1, len(prompts) // TEXT_PROMPTS)
+    return [prompts[i] for start in range(step) for i in range(start, len(prompts), step)]
+
+
+@torch.inference_mode()
+def greedy_texts(target: Target, prompts: list[str], tokens: int, count: int) -> list[tuple[int, list[int]]]:
+    """`target`'s greedy replies of up to `tokens` tokens to the first `count` prompts (chat template) of at most
+    TEXT_PROMPT_TOKENS tokens that leave room for them, as (prompt length, ids)."""
+    texts: list[tuple[int, list[int]]] = []
+    for prompt in prompts:
+        if len(texts) == count:
+            break
+        ids = target.encode_prompt(prompt)
+        if len(ids) + tokens > min(target.max_context, TEXT_PROMPT_TOKENS + tokens):
+            continue
+        cache = target.new_cache()
+        features = target.features(torch.tensor(ids, device=target.device), cache, prefill=True)
+        reply: list[int] = []
+        while len(reply) < tokens and cache.get_seq_length() < target.max_context:
+            reply.append(int(target.logits(features[-1:]).argmax(-1)))
+            if reply[-1] in target.eos_ids:
+                break
+            features = target.features(torch.tensor(reply[-1:], device=target.device), cache)
+        texts.append((len(ids), ids + reply))
+    return texts
 
 
 def cached_profile(target: Target, drafters: dict[str, Drafter]) -> MachineProfile | None:

@@ -56,3 +56,16 @@ def read_prompt_file(path: Path, what: str = "prompts file", limit: int | None =
 def read_prompts(path: str | Path) -> list[str]:
     """The first user turn of every line of a prompt file."""
     return [record.turns[0] for record in read_prompt_file(Path(path))]
+
+
+# Eight generic prompts: `calibrate`'s default, and the profile's texts where data/calibration is not there.
+GENERIC_PROMPTS = (
+    "Describe how a bicycle works, part by part.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "What are three good habits for staying healthy while working from home?",
+    "Summarise the causes of the French Revolution in a paragraph.",
+    "A train leaves at 3 pm and travels 120 km at 80 km/h. When does it arrive? Explain step by step.",
+    "Write a polite email asking a colleague to review a document by Friday.",
+    "Translate into French: 'The weather is lovely today, let us go for a walk.'",
+)

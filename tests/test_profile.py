@@ -66,6 +66,8 @@ def test_measure_times_every_candidate_path_size_and_top_k():
     assert prof.small_sizes("gumiho", 1) == (2, 3, 4, 6), "depth 6: the profiled sizes up to 7 stop early"
     assert prof.small_sizes("lookup", 1) == ()
     assert profile.signature == prof.signature(target.device)
+    assert 0 < len(profile.texts) <= prof.TEXT_PROMPTS  # the fastest path's greedy replies to calibration prompts
+    assert all(0 < length < len(ids) <= length + prof.TEXT_TOKENS for length, ids in profile.texts)
     assert MachineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
 
 
