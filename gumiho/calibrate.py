@@ -1,9 +1,9 @@
 """Measure a drafter's acceptance statistics (`acceptance.py`): greedy runs with the widest tree of each top_k.
 
 The prompts are never taken from the benchmark sets, so the automatic trees are not tuned on the evaluation data:
-by default eight generic ones (`prompts.GENERIC_PROMPTS`); the shipped drafters' statistics come from these and 69 held-out
-task-shaped prompts (`--prompts data/calibration/prompts.jsonl`, its README). The statistics depend on the drafter
-and the target only, so they ship with the drafter.
+by default eight generic ones (`prompts.GENERIC_PROMPTS`); the shipped drafters' statistics come from these and 69
+held-out task-shaped prompts (`--prompts data/calibration/prompts.jsonl`, its README). The statistics depend on the
+drafter and the target only, so they ship with the drafter.
 """
 
 from __future__ import annotations

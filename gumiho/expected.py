@@ -19,7 +19,7 @@ from typing import Callable
 from .drafters.lookup import lookup_pool
 from .profile import PathCost
 from .sizing import Sizer
-from .tree import DraftPool, TreeSettings, build_tree
+from .tree import DraftPool, DraftTree, TreeSettings, build_tree
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Replay:
     ar_ms: float  # what AR steps over the same tokens cost
 
 
-def accepted(tree, following: list[int]) -> tuple[int, list[bool]]:
+def accepted(tree: DraftTree, following: list[int]) -> tuple[int, list[bool]]:
     """The draft tokens a greedy target accepts from `tree` when the text goes on with `following`, and whether each
     non-root node lies on the accepted path."""
     children, tokens = tree.children(), tree.tokens.tolist()
