@@ -17,10 +17,23 @@ import torch
 from gumiho.drafters import Drafter
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.loader import build_engine, choose_trees, load_drafters
+from gumiho.target import Target
 from gumiho.train.evaluate import chain_predictions
 from gumiho.train.features import Sequence
 
 from scripts.engine_ab import benchmark_prompts
+
+
+def first_token_hits(drafter: Drafter, target: Target, prompt_ids: list[int], reply: list[int]) -> tuple[int, int]:
+    """How often `drafter`'s first draft token is the target's next one, teacher-forced on `reply` (depth-1 chain
+    accuracy, as `gumiho.train eval` counts it): hits and counted positions."""
+    ids = torch.tensor(prompt_ids + reply)
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    mask[len(prompt_ids):] = True
+    features = target.features(ids, target.new_cache(), prefill=True).float().cpu()
+    predicted, labels, counted = chain_predictions(drafter, target, Sequence(ids, mask, features), 3)
+    hits = (predicted[:, 0] == labels[:, 0])[counted]
+    return int(hits.sum()), hits.numel()
 
 
 def main() -> None:
@@ -44,18 +57,13 @@ def main() -> None:
         for name, prompt in benchmark_prompts(args.prompts):
             prompt_ids = target.encode_prompt(prompt)
             reply = engine.generate("", "ar", config, prompt_ids).token_ids
-            ids = torch.tensor(prompt_ids + reply)
-            mask = torch.zeros(len(ids), dtype=torch.bool)
-            mask[len(prompt_ids):] = True
-            features = target.features(ids, target.new_cache(), prefill=True).float().cpu()
-            predicted, labels, counted = chain_predictions(scoring, target, Sequence(ids, mask, features), 3)
-            hits = (predicted[:, 0] == labels[:, 0])[counted]
+            hits, origins = first_token_hits(scoring, target, prompt_ids, reply)
             run = engine.generate("", scoring.kind, GenerationConfig(max_new_tokens=args.tokens, tree=tree),
                                   prompt_ids)  # traced: a cycle's tree size is recorded with its nodes
             drafting = [c for c in run.steps if c.tree_size > 1]
             tally = counts[name]
-            tally[0] += int(hits.sum())
-            tally[1] += hits.numel()
+            tally[0] += hits
+            tally[1] += origins
             tally[2] += sum(1 for c in drafting if c.accepted_tokens)
             tally[3] += len(drafting)
         for name, (hit, origins, accepted, drafted) in counts.items():

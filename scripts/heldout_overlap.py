@@ -13,17 +13,14 @@ import random
 import re
 from collections import Counter, defaultdict
 
-import torch
-
 from gumiho.drafters import Drafter
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.loader import build_engine
 from gumiho.target import Target
 from gumiho.train.data import load_conversations, split
-from gumiho.train.evaluate import chain_predictions
-from gumiho.train.features import Sequence
 
 from scripts.engine_ab import benchmark_prompts
+from scripts.first_token_gap import first_token_hits
 
 GRAM = 4
 BUCKETS = ((0.0, 0.2), (0.2, 0.5), (0.5, 0.8), (0.8, 1.01))
@@ -42,13 +39,7 @@ def depth1(engine: Engine, drafter: Drafter, target: Target, prompt: str, tokens
     """Hits and counted positions of the drafter's first draft token, teacher-forced on the target's greedy reply."""
     prompt_ids = target.encode_prompt(prompt)
     reply = engine.generate("", "ar", GenerationConfig(max_new_tokens=tokens, trace=False), prompt_ids).token_ids
-    ids = torch.tensor(prompt_ids + reply)
-    mask = torch.zeros(len(ids), dtype=torch.bool)
-    mask[len(prompt_ids):] = True
-    features = target.features(ids, target.new_cache(), prefill=True).float().cpu()
-    predicted, labels, counted = chain_predictions(drafter, target, Sequence(ids, mask, features), 3)
-    hits = (predicted[:, 0] == labels[:, 0])[counted]
-    return int(hits.sum()), hits.numel()
+    return first_token_hits(drafter, target, prompt_ids, reply)
 
 
 def main() -> None:
