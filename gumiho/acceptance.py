@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,9 @@ class Acceptance:
     """Per top_k, one list per calibration cycle: the running maximum rank of its accepted nodes."""
 
     prefix_ranks: dict[int, list[list[int]]]
-    _below: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._below: dict[int, list[int]] = {}  # top_k -> accepted nodes ranked below m, by m (`tau`; not a field)
 
     def tau(self, top_k: int, n: int) -> float:
         """Tokens a cycle emits with the tree of n tokens at this top_k: 1 + the mean count of accepted nodes ranked
@@ -43,7 +45,7 @@ class Acceptance:
         ranks = self.prefix_ranks[top_k]
         if not ranks:
             return 1.0
-        if top_k not in self._below:  # _below[k][m]: accepted nodes of rank below m, over every cycle
+        if top_k not in self._below:
             at = Counter(r for cycle in ranks for r in cycle)
             below = [0]
             for rank in range(max(at, default=0) + 1):

@@ -212,6 +212,9 @@ class PathCost:
 
     def __post_init__(self) -> None:
         self.verify_ms = {kv: nondecreasing(curve) for kv, curve in self.verify_ms.items()}
+        # n -> T(n) at each measured KV length, shortest first: kept as sizes are asked for (a run's sizer asks for
+        # the same few sizes every cycle, each time at a new KV length). Not a field: never stored or compared.
+        self._at_n: dict[float, list[float]] = {}
 
     def draft_at(self, method: str, top_k: int, n: int) -> float:
         """A draft call for a tree of n tokens: cheaper than the full draft when n is too small for its deeper
@@ -234,8 +237,9 @@ class PathCost:
     def verify_at(self, n: int, kv: int = 512) -> float:
         """T(n) at a KV length `kv`, linear in both n and kv between the measured points (clamped at the ends)."""
         lengths = sorted(self.verify_ms)
-        per_length = [_interpolate(SIZES, self.verify_ms[length], n) for length in lengths]
-        return _interpolate(lengths, per_length, kv)
+        if n not in self._at_n:
+            self._at_n[n] = [_interpolate(SIZES, self.verify_ms[length], n) for length in lengths]
+        return _interpolate(lengths, self._at_n[n], kv)
 
 
 def nondecreasing(values: list[float]) -> list[float]:
