@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from .service import Control, EngineLoader
 
 F = TypeVar("F", bound=Callable)
-PROFILE_S = 90  # the machine profile, measured in the first GPU call while none is cached
+PROFILE_S = 100  # the machine profile, measured in the first GPU call while none is cached (10 s of it for its
+# greedy replies to calibration prompts: 1,024 one-token steps, profile.greedy_texts)
 CALL_S = 15  # entering the GPU, a cold worker's warm-up, the prefill, the last yields
 STEP_MS = 60.0  # a token's cost when no profile has been measured yet (generous: the estimate must not fall short)
 SLACK = 2.0  # headroom over the profile's expected cost: a call that outlives its duration is killed
