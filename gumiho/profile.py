@@ -577,26 +577,19 @@ def calibration_prompts() -> list[str]:
     return [prompts[i] for start in range(step) for i in range(start, len(prompts), step)]
 
 
-@torch.inference_mode()
 def greedy_texts(target: Target, prompts: list[str], tokens: int, count: int) -> list[tuple[int, list[int]]]:
-    """`target`'s greedy replies of up to `tokens` tokens to the first `count` prompts (chat template) of at most
-    TEXT_PROMPT_TOKENS tokens that leave room for them, as (prompt length, ids)."""
+    """`target`'s greedy replies (its AR decoding, as a run's) of up to `tokens` tokens to the first `count` prompts
+    (chat template) of at most TEXT_PROMPT_TOKENS tokens that leave room for them, as (prompt length, ids)."""
+    from .engine import Engine, GenerationConfig  # the engine's choice reads this module
+
+    engine, config = Engine(target), GenerationConfig(max_new_tokens=tokens, trace=False)
     texts: list[tuple[int, list[int]]] = []
     for prompt in prompts:
         if len(texts) == count:
             break
         ids = target.encode_prompt(prompt)
-        if len(ids) + tokens > min(target.max_context, TEXT_PROMPT_TOKENS + tokens):
-            continue
-        cache = target.new_cache()
-        features = target.features(torch.tensor(ids, device=target.device), cache, prefill=True)
-        reply: list[int] = []
-        while len(reply) < tokens and cache.get_seq_length() < target.max_context:
-            reply.append(int(target.logits(features[-1:]).argmax(-1)))
-            if reply[-1] in target.eos_ids:
-                break
-            features = target.features(torch.tensor(reply[-1:], device=target.device), cache)
-        texts.append((len(ids), ids + reply))
+        if len(ids) + tokens <= min(target.max_context, TEXT_PROMPT_TOKENS + tokens):
+            texts.append((len(ids), ids + engine.generate("", "ar", config, prompt_ids=ids).token_ids))
     return texts
 
 
