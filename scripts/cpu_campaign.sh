@@ -51,6 +51,9 @@ DISTILL=${DISTILL:-}
 # prompt), at most PER_TASK of each, instead of whole ShareGPT conversations.
 TASKS=${TASKS:-0}
 PER_TASK=${PER_TASK:-400}
+# With TASKS=1: leave out the prompts of the smaller choice task$EXCLUDE_PER_TASK (the seeded choices nest), e.g. 400,
+# the prompts the shipped drafters' round 7 trained on; data and runs then read task${PER_TASK}x$EXCLUDE_PER_TASK.
+EXCLUDE_PER_TASK=${EXCLUDE_PER_TASK:-}
 
 mkdir -p "$RUNS"
 exec 9>"$RUNS/campaign.lock"
@@ -74,13 +77,20 @@ for round in $(seq 1 "$ROUNDS"); do
     if [ "$TASKS" = 1 ]; then
         # PER_TASK names the prompt files and the data: another PER_TASK is another seeded choice, never mixed
         # into shards made from this one.
-        name="task$PER_TASK" skip=0 turns=1 suffix="-tasks$PER_TASK"
+        name="task$PER_TASK" skip=0 turns=1 suffix="-tasks$PER_TASK" exclude=()
         for side in train heldout; do
             [ -s "$CACHE/$name-prompts-$side.jsonl" ] || $PY -m gumiho.train prompts --split "$side" \
                 --per-task "$PER_TASK" --out "$CACHE/$name-prompts-$side.jsonl"
         done
-        prompts=(--data "$CACHE/$name-prompts-train.jsonl")
         heldout_prompts=(--data "$CACHE/$name-prompts-heldout.jsonl" --max-prompt-len "$MAX_PROMPT_LEN")
+        if [ -n "$EXCLUDE_PER_TASK" ]; then
+            old="$CACHE/task$EXCLUDE_PER_TASK-prompts-train.jsonl"
+            [ -s "$old" ] || $PY -m gumiho.train prompts --per-task "$EXCLUDE_PER_TASK" --out "$old"
+            name="${name}x$EXCLUDE_PER_TASK" suffix="${suffix}x$EXCLUDE_PER_TASK"
+            [ -s "$CACHE/$name-prompts-train.jsonl" ] || $PY -m gumiho.train prompts --per-task "$PER_TASK" \
+                --exclude "$old" --out "$CACHE/$name-prompts-train.jsonl"
+        fi
+        prompts=(--data "$CACHE/$name-prompts-train.jsonl")
     fi
     data="$CACHE/$name-train" heldout="$CACHE/$name-heldout" writer=()
     if [ -n "$DISTILL" ]; then  # the FEATURES path writes the replies and their features at once

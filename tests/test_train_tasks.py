@@ -82,6 +82,15 @@ def test_prompts_command_writes_the_training_side_only(tmp_path, capsys):
     assert records and all(r["task"] == "question" and not is_heldout(r["id"], 20) for r in records)
     assert len(records) == sum(not is_heldout(line["id"], 20) for line in lines) < 60
     assert f"{len(records)} prompts" in capsys.readouterr().out
+    # A larger choice less an earlier, smaller one: only prompts that choice did not take.
+    small, rest = tmp_path / "small.jsonl", tmp_path / "rest.jsonl"
+    assert main(["prompts", "--data", str(data), "--out", str(small), "--per-task", "10",
+                 "--heldout-percent", "20"]) == 0
+    assert main(["prompts", "--data", str(data), "--out", str(rest), "--per-task", "100",
+                 "--heldout-percent", "20", "--exclude", str(small)]) == 0
+    ids = {json.loads(line)["id"] for line in small.read_text().splitlines()}
+    left = {json.loads(line)["id"] for line in rest.read_text().splitlines()}
+    assert len(ids) == 10 and left == {r["id"] for r in records} - ids
 
 
 def test_prompts_command_without_benchmark_files_says_so(tmp_path, capsys):

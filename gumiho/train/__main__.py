@@ -119,15 +119,19 @@ def prompts_main(argv: list[str]) -> int:
     parser.add_argument("--heldout-percent", type=float, default=2.0, help="as prepare's: the split's held-out share")
     parser.add_argument("--split", default="train", choices=["train", "heldout"], help="side of the split to draw from")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exclude", action="append", default=[],
+                        help="a prompts .jsonl whose ids to leave out, e.g. an earlier round's (repeatable)")
     args = parser.parse_args(argv)
     if args.per_task < 1:
         raise GumihoError(f"--per-task must be at least 1, not {args.per_task}")
     files = sorted(Path(args.benchmarks).glob("*.jsonl"))
     if not files:
         raise GumihoError(f"no benchmark .jsonl files in {args.benchmarks}: they are what the prompts must not match")
+    excluded = {c.id for path in args.exclude for c in load_conversations(path)}
     train, heldout = split(load_conversations(args.data or None), args.heldout_percent)
     records = task_prompts(train if args.split == "train" else heldout, args.per_task, benchmark_ngrams(files),
                            args.tasks, args.seed)
+    records = [r for r in records if r["id"] not in excluded]
     write_jsonl(Path(args.out), records)
     counts = {t: sum(r["task"] == t for r in records) for t in args.tasks}
     print(f"{args.out}: {len(records)} prompts ({', '.join(f'{t} {n}' for t, n in counts.items())})")
