@@ -67,6 +67,8 @@ class LazyLogits:
         if self._full is not None:
             return list(range(len(self))), self._full
         nodes = sorted(self.rows)
+        if len(nodes) == 1:  # a plain step's one row: a view, not a copy
+            return nodes, self.rows[nodes[0]][None]
         return nodes, torch.stack([self.rows[n] for n in nodes])
 
 
