@@ -134,8 +134,10 @@ def bf16_units(device: torch.device) -> str:
 def signature(device: torch.device) -> dict:
     """What identifies the machine for the profile cache: a change here means measuring again."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    # torch's CPU capability too: ATEN_CPU_CAPABILITY=avx2 builds the kernels an AVX2-only processor runs.
     return {"device": device.type, "name": name, "features": cpu_features(), "cores": os.cpu_count() or 0,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "oneDNN": packing_enabled()}
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "oneDNN": packing_enabled(),
+            "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 # --- execution paths -------------------------------------------------------------------------------------------------

@@ -311,7 +311,7 @@ def test_a_drafters_top_tokens_are_the_same_through_the_kernel_and_through_torch
     torch.testing.assert_close(fused[0], plain[0], rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels._cpu_flags(),
+@pytest.mark.skipif(not kernels.wide_vnni(),
                     reason="the 512-bit build needs AVX-512 with VNNI")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32 cache", "fp16 cache"])
 def test_the_512_bit_build_gives_the_256_bit_builds_numbers_bit_for_bit(kernel, monkeypatch, dtype):

@@ -88,7 +88,7 @@ def test_bad_shapes_are_refused_with_a_message(kernel):
         kernel.causal(q.half(), keys, values, 0, 0.125)
 
 
-@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels._cpu_flags(),
+@pytest.mark.skipif(not kernels.wide_vnni(),
                     reason="the 512-bit build needs AVX-512 with VNNI")
 def test_the_256_bit_build_gives_the_same_attention(kernel, monkeypatch):
     """Where AVX-512 builds the wide code (4 rows a load, blocks of 64 keys), the 256-bit one (2 rows, 32 keys) is

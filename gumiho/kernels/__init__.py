@@ -51,6 +51,13 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def wide_vnni() -> bool:
+    """Whether the WIDE kernels build with 512-bit VNNI here: the processor has AVX-512 with VNNI and torch may use
+    AVX-512 (ATEN_CPU_CAPABILITY=avx2 builds and runs what an AVX2-only processor does, on any machine)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and \
+        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= _cpu_flags()
+
+
 def _flags(name: str, capability: str) -> list[str]:
     """Compiler flags: vector units where torch found them (and VNNI's 8-bit dot products where the processor has
     them), and OpenMP for the matrix products, without which `at::parallel_for` runs on one thread (the 2-core Zen
@@ -60,7 +67,9 @@ def _flags(name: str, capability: str) -> list[str]:
     operations per output, so their results are those of the 256-bit build, bit for bit."""
     vector = ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
     flags = _cpu_flags()
-    if vector and {"avx512_vnni", "avx512vl"} <= flags:
+    # torch's capability, not the processor's flags alone: ATEN_CPU_CAPABILITY=avx2 then builds what an AVX2-only
+    # processor runs (its 256-bit and non-VNNI paths), on any machine.
+    if capability == "AVX512" and {"avx512_vnni", "avx512vl"} <= flags:
         vector += ["-mavx512vnni", "-mavx512vl"]
         if name in WIDE and {"avx512f", "avx512bw"} <= flags:
             vector += ["-mavx512f", "-mavx512bw"]
