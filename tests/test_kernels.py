@@ -329,3 +329,13 @@ def test_the_512_bit_build_gives_the_256_bit_builds_numbers_bit_for_bit(kernel, 
         for visible in (tree_visibility(parents, past, batch=2), torch.empty(0, dtype=torch.bool)):
             assert torch.equal(kernel.attention(q, keys, values, visible, n, past, D ** -0.5),
                                narrow.attention(q, keys, values, visible, n, past, D ** -0.5)), (past, n)
+
+
+def test_the_builds_follow_torchs_capability_not_the_processors_flags_alone(monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine builds what an AVX2-only processor runs: no AVX-512 or VNNI."""
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+    assert {"-mavx512f", "-mavx512vnni"} <= set(kernels._flags("q4_matmul", "AVX512"))
+    narrow = kernels._flags("q4_matmul", "AVX2")
+    assert "-mavx2" in narrow and not any(flag.startswith("-mavx512") for flag in narrow)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not kernels.wide_vnni()
