@@ -10,7 +10,7 @@ import pytest
 
 from gumiho.train.__main__ import main
 from gumiho.train.data import Conversation
-from gumiho.train.tasks import benchmark_ngrams, overlapping, task_of, task_prompts
+from gumiho.train.tasks import SUMMARY_REQUESTS, benchmark_ngrams, overlapping, summary_prompts, task_of, task_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTICLE = " ".join(f"word{i}" for i in range(80))
@@ -93,7 +93,37 @@ def test_prompts_command_writes_the_training_side_only(tmp_path, capsys):
     assert len(ids) == 10 and left == {r["id"] for r in records} - ids
 
 
+def test_prompts_command_wants_some_prompts(tmp_path, capsys):
+    assert main(["prompts", "--out", str(tmp_path / "p.jsonl"), "--per-task", "0"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--per-task must be at least 1 (or 0 with --summaries)" in err[0]
+
+
 def test_prompts_command_without_benchmark_files_says_so(tmp_path, capsys):
     assert main(["prompts", "--out", str(tmp_path / "p.jsonl"), "--benchmarks", str(tmp_path)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no benchmark .jsonl files" in err[0]
+
+
+def test_summary_tasks_are_long_prose_replies_under_a_request_to_summarise_them():
+    from gumiho.train.data import is_heldout
+
+    prose = " ".join(f"Sentence {i} tells what happened in the town that day." for i in range(30))  # 300 words
+
+    def chat(cid: str, reply: str) -> Conversation:
+        return Conversation(cid, [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": reply}])
+
+    listed = "\n".join(f"{i}. Item number {i} of a long list of things to do today." for i in range(30))
+    conversations = [chat("prose_0", prose), chat("short_0", "A short reply of a few words."),
+                     chat("listed_0", listed), chat("code_0", prose + "\n```\nx = 1\n```"),
+                     chat("bench_0", prose + " the quick brown fox jumps over the lazy dog"),
+                     chat("taken_0", prose), chat("other_3", prose.replace("town", "city"))]
+    banned = {("the", "quick", "brown", "fox", "jumps", "over", "the", "lazy")}
+    records = summary_prompts(conversations, 10, banned, skip={"taken_0"})
+    assert sorted(r["id"] for r in records) == ["other_3-summary", "prose_0-summary"]
+    for record in records:
+        text = prose if record["id"].startswith("prose") else prose.replace("town", "city")
+        assert record["task"] == "summary" and record["prompt"] in {r.format(text=text) for r in SUMMARY_REQUESTS}
+        source = record["id"].removesuffix("-summary")
+        assert is_heldout(record["id"], 20) == is_heldout(source, 20)  # its conversation's side of the split
+    assert len(summary_prompts(conversations, 1, banned)) == 1

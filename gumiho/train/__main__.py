@@ -105,13 +105,14 @@ def refeature_main(argv: list[str]) -> int:
 
 def prompts_main(argv: list[str]) -> int:
     from .data import load_conversations, split
-    from .tasks import TASKS, benchmark_ngrams, task_prompts, write_jsonl
+    from .tasks import TASKS, benchmark_ngrams, summary_prompts, task_prompts, write_jsonl
 
     parser = OneLineParser(prog="python -m gumiho.train prompts",
                            description="ShareGPT first turns (training side of the split) that ask for the benchmark "
                                        "sets' kinds of task, none overlapping a benchmark prompt; for prepare --data")
     parser.add_argument("--out", required=True, help="JSONL file to write ({id, prompt, task} per line)")
-    parser.add_argument("--per-task", type=int, default=400, help="at most this many prompts of each task")
+    parser.add_argument("--per-task", type=int, default=400,
+                        help="at most this many prompts of each task (0: none, with --summaries)")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument("--data", default="", help="ShareGPT JSON or conversations .jsonl (default: the package's)")
     parser.add_argument("--benchmarks", default=str(Path(__file__).resolve().parents[2] / "data" / "benchmarks"),
@@ -119,18 +120,24 @@ def prompts_main(argv: list[str]) -> int:
     parser.add_argument("--heldout-percent", type=float, default=2.0, help="as prepare's: the split's held-out share")
     parser.add_argument("--split", default="train", choices=["train", "heldout"], help="side of the split to draw from")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--summaries", type=int, default=0,
+                        help="also this many synthetic summary tasks: long prose replies under a request to summarise "
+                             "them (conversations other than the task prompts')")
     parser.add_argument("--exclude", action="append", default=[],
                         help="a prompts .jsonl whose ids to leave out, e.g. an earlier round's (repeatable)")
     args = parser.parse_args(argv)
-    if args.per_task < 1:
-        raise GumihoError(f"--per-task must be at least 1, not {args.per_task}")
+    if args.per_task < 0 or args.summaries < 0 or not (args.per_task or args.summaries):
+        raise GumihoError(f"--per-task must be at least 1 (or 0 with --summaries), not {args.per_task}")
     files = sorted(Path(args.benchmarks).glob("*.jsonl"))
     if not files:
         raise GumihoError(f"no benchmark .jsonl files in {args.benchmarks}: they are what the prompts must not match")
     excluded = {c.id for path in args.exclude for c in load_conversations(path)}
     train, heldout = split(load_conversations(args.data or None), args.heldout_percent)
-    records = task_prompts(train if args.split == "train" else heldout, args.per_task, benchmark_ngrams(files),
-                           args.tasks, args.seed)
+    banned = benchmark_ngrams(files)
+    records = task_prompts(train if args.split == "train" else heldout, args.per_task, banned, args.tasks, args.seed)
+    if args.summaries:
+        records += summary_prompts(train if args.split == "train" else heldout, args.summaries, banned, args.seed,
+                                   skip={r["id"] for r in records})
     records = [r for r in records if r["id"] not in excluded]
     write_jsonl(Path(args.out), records)
     counts = {t: sum(r["task"] == t for r in records) for t in args.tasks}

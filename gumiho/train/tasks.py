@@ -109,6 +109,41 @@ def task_prompts(conversations: list[Conversation], per_task: int, banned: set[t
     return [records[i] for i in range(width) for records in found.values() if i < len(records)]
 
 
+# Requests to summarise a given text, CNN/DM's kind of task ("Summarize: <article>") in a few wordings.
+SUMMARY_REQUESTS = ("Summarize: {text}", "Summarize the following text in a few sentences.\n\n{text}",
+                    "{text}\n\nWrite a short summary of the text above.", "Give me the main points of this text:\n\n{text}")
+SUMMARY_WORDS = (200, 700)  # the length of a text worth summarising, in words (CNN/DM's articles: about 300-800)
+
+
+def _prose(text: str) -> bool:
+    """Running text: no code, no pasted data, mostly sentences rather than list items."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    listed = sum(bool(re.match(r"^(?:[-*•|#]|\d+[.)])", line)) for line in lines)  # list items, tables, headings
+    return "```" not in text and not any(len(word) > 40 for word in text.split()) and listed <= len(lines) // 3
+
+
+def summary_prompts(conversations: list[Conversation], count: int, banned: set[tuple[str, ...]], seed: int = 0,
+                    skip: Iterable[str] = ()) -> list[dict]:
+    """Up to `count` synthetic summary tasks: a conversation's first long prose reply (SUMMARY_WORDS) put under a
+    request to summarise it (SUMMARY_REQUESTS, seeded), as {"id", "prompt", "task": "summary"} records. ShareGPT has
+    only 168 first turns that ask for a summary of a given text, and CNN/DM, the benchmark set the drafters guess
+    worst, asks for nothing else. The id is the conversation's with "-summary" after it, so the record stays on
+    its conversation's side of the split; conversations in `skip` (ids) and texts overlapping `banned` are left out."""
+    skipped, rng = set(skip), random.Random(seed)
+    found: list[dict] = []
+    for conversation in conversations:
+        if conversation.id in skipped:
+            continue
+        text = next((m["content"] for m in conversation.messages if m["role"] == "assistant"
+                     and SUMMARY_WORDS[0] <= len(m["content"].split()) <= SUMMARY_WORDS[1]), None)
+        if text is None or not _prose(text) or overlapping(text, banned):
+            continue
+        found.append({"id": f"{conversation.id}-summary", "text": text.strip()})
+    rng.shuffle(found)
+    return [{"id": r["id"], "prompt": rng.choice(SUMMARY_REQUESTS).format(text=r["text"]), "task": "summary"}
+            for r in found[:count]]
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
