@@ -44,6 +44,7 @@ RESERVE_S=${RESERVE_S:-60}            # with END: seconds kept for the evaluatio
 PROBE_STEPS=${PROBE_STEPS:-20}        # Gumiho steps timed to fix its length
 UNROLL_EAGLE2=${UNROLL_EAGLE2:-1}      # training-time test: draft steps trained per position (--unroll)
 UNROLL_GUMIHO=${UNROLL_GUMIHO:-1}     # (Gumiho drafts 2 tokens serially, so 2 is its useful maximum)
+CE_WEIGHT=${CE_WEIGHT:-0.1}           # the soft cross-entropy's weight beside the feature loss (--ce-weight)
 INIT=${INIT:-}                        # folder holding smollm2-135m-{eagle2,gumiho}/ to fine-tune; empty: from scratch
 TASKS=${TASKS:-0}                     # 1: the self-distilled sets answer task-shaped first turns (below)
 PER_TASK=${PER_TASK:-1300}            # with TASKS=1: at most this many prompts of each kind of task
@@ -119,7 +120,8 @@ DATA=$(for set in "$train_set" "$train_set" sharegpt-train; do
 done | paste -sd, -)
 [ -n "$DATA" ] || { echo "no feature shard was finished in time: nothing to train on" >&2; exit 2; }
 train=(--data "$DATA" --epochs "$EPOCHS" --lr "$LR" --warmup-steps "$WARMUP" --batch-tokens "$BATCH_TOKENS"
-       --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --checkpoint-every 200 --log-every 50 "${common[@]}")
+       --max-len "$TRAIN_MAX_LEN" --draft-vocab "$DRAFT_VOCAB" --ce-weight "$CE_WEIGHT" --checkpoint-every 200
+       --log-every 50 "${common[@]}")
 init() { [ -z "$INIT" ] || echo "--init $INIT/smollm2-135m-$1"; }
 # Held-out chain accuracy (depth 1..7) and draft-vocabulary coverage (of the initial drafter too), then the fp16
 # folder.
