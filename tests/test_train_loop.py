@@ -4,6 +4,7 @@ chain accuracy matches step-by-step drafting."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,11 +207,30 @@ def test_tau_on_prompts_skips_a_prompt_longer_than_the_context_and_counts_it(tmp
     prompts = tmp_path / "prompts.jsonl"
     lines = [" ".join(f"w{i % 16}" for i in range(n)) for n in (12, 600, 30, 500)]  # 500 + 16 new: no room
     prompts.write_text("".join(json.dumps({"prompt": line}) + "\n" for line in lines))
-    result = tau_on_prompts(drafter, target, str(prompts), max_new_tokens=16)
+    result = tau_on_prompts(drafter, target, [str(prompts)], max_new_tokens=16)[str(prompts)]
     assert result["prompts"] == 2 and result["skipped"] == 2 and result["tau_mean"] >= 1.0
     prompts.write_text(json.dumps({"prompt": lines[1]}) + "\n")
     with pytest.raises(GumihoError, match="no prompt leaves room"):
-        tau_on_prompts(drafter, target, str(prompts), max_new_tokens=16)
+        tau_on_prompts(random_drafter("eagle2", target, scale=0.2), target, [str(prompts)], max_new_tokens=16)
+
+
+def test_tau_on_several_files_prepares_the_drafter_once(tmp_path, monkeypatch):
+    """Preparing a drafter replaces its matmuls in place (on the int4 path its fc by a 4-bit module with no
+    `weight`): `eval --prompts A --prompts B` once failed at B with an AttributeError."""
+    from gumiho.target import Target
+
+    target = tiny_target(vocab=16)
+    drafter = random_drafter("eagle2", target, scale=0.2)
+    prepared = []
+    real = Target.prepare_drafter
+    monkeypatch.setattr(Target, "prepare_drafter", lambda self, d: prepared.append(d) or real(self, d))
+    files = []
+    for name, n in (("a", 12), ("b", 30)):
+        files.append(str(tmp_path / f"{name}.jsonl"))
+        Path(files[-1]).write_text(json.dumps({"prompt": " ".join(f"w{i % 16}" for i in range(n))}) + "\n")
+    result = tau_on_prompts(drafter, target, files, max_new_tokens=8)
+    assert list(result) == files and all(r["prompts"] == 1 for r in result.values())
+    assert prepared == [drafter]
 
 
 @pytest.mark.parametrize("kind", ["medusa", "hydra"])

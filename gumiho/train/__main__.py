@@ -196,8 +196,8 @@ def eval_main(argv: list[str]) -> int:
         heldout = load_sequences(args.heldout)
         results["chain_accuracy"] = chain_accuracy(drafter, target, heldout)
         results["draft_vocab_coverage"] = vocab_coverage(drafter, target, heldout)
-    for path in args.prompts:
-        results.setdefault("tau", {})[path] = tau_on_prompts(drafter, target, path, args.limit, args.max_new_tokens)
+    if args.prompts:
+        results["tau"] = tau_on_prompts(drafter, target, args.prompts, args.limit, args.max_new_tokens)
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:

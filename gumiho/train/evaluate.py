@@ -114,28 +114,33 @@ def vocab_coverage(drafter: Drafter, target: Target, sequences: list[Sequence]) 
     return round(hits / max(total, 1), 4)
 
 
-def tau_on_prompts(drafter: Drafter, target: Target, path: str, limit: int = 0, max_new_tokens: int = 128) -> dict:
-    """Mean tau (tokens per cycle) over prompts at T = 0 with the method's default tree. A prompt that leaves no
-    room for `max_new_tokens` in the model's context is skipped and counted (a file of held-out conversations can
-    hold a document longer than the context)."""
+def tau_on_prompts(drafter: Drafter, target: Target, paths: list[str], limit: int = 0,
+                   max_new_tokens: int = 128) -> dict[str, dict]:
+    """Per prompts file, mean tau (tokens per cycle) over its prompts at T = 0 with the method's default tree. The
+    drafter is prepared for inference once (its matmuls are replaced in place: a second preparation would find
+    them gone). A prompt that leaves no room for `max_new_tokens` in the model's context is skipped and counted (a
+    file of held-out conversations can hold a document longer than the context)."""
     from ..engine import Engine, GenerationConfig
     from ..prompts import read_prompts
 
-    prompts = read_prompts(path)
-    prompts = prompts[:limit] if limit else prompts
     engine = Engine(target)
     engine.add_drafter(drafter.kind, drafter)
     config = GenerationConfig(max_new_tokens=max_new_tokens, trace=False)
-    taus, tokens, cycles, skipped = [], 0, 0, 0
-    for prompt in prompts:
-        ids = target.encode_prompt(prompt, chat=config.chat)
-        if len(ids) + max_new_tokens > target.max_context:
-            skipped += 1
-            continue
-        trace = engine.generate(prompt, drafter.kind, config, prompt_ids=ids)
-        taus.append(trace.tau)
-        tokens, cycles = tokens + trace.new_tokens - 1, cycles + trace.cycles  # the prefill token is no cycle's
-    if not taus:
-        raise GumihoError(f"{path}: no prompt leaves room for {max_new_tokens} new tokens in the model's context")
-    return {"prompts": len(taus), "skipped": skipped, "tau_mean": round(sum(taus) / len(taus), 3),
-            "tau_pooled": round(tokens / max(cycles, 1), 3)}
+    results = {}
+    for path in paths:
+        prompts = read_prompts(path)
+        prompts = prompts[:limit] if limit else prompts
+        taus, tokens, cycles, skipped = [], 0, 0, 0
+        for prompt in prompts:
+            ids = target.encode_prompt(prompt, chat=config.chat)
+            if len(ids) + max_new_tokens > target.max_context:
+                skipped += 1
+                continue
+            trace = engine.generate(prompt, drafter.kind, config, prompt_ids=ids)
+            taus.append(trace.tau)
+            tokens, cycles = tokens + trace.new_tokens - 1, cycles + trace.cycles  # the prefill token is no cycle's
+        if not taus:
+            raise GumihoError(f"{path}: no prompt leaves room for {max_new_tokens} new tokens in the model's context")
+        results[path] = {"prompts": len(taus), "skipped": skipped, "tau_mean": round(sum(taus) / len(taus), 3),
+                         "tau_pooled": round(tokens / max(cycles, 1), 3)}
+    return results
