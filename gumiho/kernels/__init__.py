@@ -54,8 +54,7 @@ def _cpu_flags() -> set[str]:
 def wide_vnni() -> bool:
     """Whether the WIDE kernels build with 512-bit VNNI here: the processor has AVX-512 with VNNI and torch may use
     AVX-512 (ATEN_CPU_CAPABILITY=avx2 builds and runs what an AVX2-only processor does, on any machine)."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512" and \
-        {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= _cpu_flags()
+    return "-mavx512f" in _flags(WIDE[0], torch.backends.cpu.get_cpu_capability())
 
 
 def _flags(name: str, capability: str) -> list[str]:

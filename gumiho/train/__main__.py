@@ -133,11 +133,10 @@ def prompts_main(argv: list[str]) -> int:
         raise GumihoError(f"no benchmark .jsonl files in {args.benchmarks}: they are what the prompts must not match")
     excluded = {c.id for path in args.exclude for c in load_conversations(path)}
     train, heldout = split(load_conversations(args.data or None), args.heldout_percent)
-    banned = benchmark_ngrams(files)
-    records = task_prompts(train if args.split == "train" else heldout, args.per_task, banned, args.tasks, args.seed)
+    side, banned = (train if args.split == "train" else heldout), benchmark_ngrams(files)
+    records = task_prompts(side, args.per_task, banned, args.tasks, args.seed)
     if args.summaries:
-        records += summary_prompts(train if args.split == "train" else heldout, args.summaries, banned, args.seed,
-                                   skip={r["id"] for r in records})
+        records += summary_prompts(side, args.summaries, banned, args.seed, skip={r["id"] for r in records})
     records = [r for r in records if r["id"] not in excluded]
     write_jsonl(Path(args.out), records)
     counts = {t: sum(r["task"] == t for r in records) for t in args.tasks}

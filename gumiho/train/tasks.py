@@ -125,9 +125,9 @@ def _prose(text: str) -> bool:
 def summary_prompts(conversations: list[Conversation], count: int, banned: set[tuple[str, ...]], seed: int = 0,
                     skip: Iterable[str] = ()) -> list[dict]:
     """Up to `count` synthetic summary tasks: a conversation's first reply of SUMMARY_WORDS words, where it is running
-    text (`_prose`), put under a request to summarise it (SUMMARY_REQUESTS, seeded), as {"id", "prompt", "task": "summary"} records. ShareGPT has
-    only 168 first turns that ask for a summary of a given text, and CNN/DM, the benchmark set the drafters guess
-    worst, asks for nothing else. The id is the conversation's with "-summary" after it, so the record stays on
+    text (`_prose`), put under a request to summarise it (SUMMARY_REQUESTS, seeded), as {"id", "prompt", "task":
+    "summary"} records. ShareGPT has only 168 first turns that ask for a summary of a given text, and CNN/DM, the
+    benchmark set the drafters guess worst, asks for nothing else. The id is the conversation's with "-summary" after it, so the record stays on
     its conversation's side of the split; conversations in `skip` (ids) and texts overlapping `banned` are left out."""
     skipped, rng = set(skip), random.Random(seed)
     found: list[dict] = []
