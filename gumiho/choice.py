@@ -25,6 +25,7 @@ from .expected import Replay, replay, speedup
 from .profile import SHORT, SIZES, ExecPath, MachineProfile, PathCost, widest_tree
 from .trace import METHOD_NAMES
 from .tree import TreeSettings
+from .verify import ALL_ROWS
 
 KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hundred generated tokens
 # Among drafting trees, the cheapest cycle expected within this share of the fastest is taken. The model leaves out
@@ -32,6 +33,7 @@ KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hu
 # accepted tokens, the pool and tree bookkeeping, the walk): side by side on a 2-core Zen 4 EPYC, a 3-token tree it
 # rated 1% below a 2-token one ran 6-9% slower (docs/benchmarks.md, "A CPU with bf16 units").
 CHEAPER_WITHIN = 0.05
+FIRST_LEVEL_METHODS = ("eagle2", "gumiho")  # the dynamic drafters, whose first level holds the root's top_k
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Choice:
             return f"{head}, AR: expected {m.tokens_per_s:.0f} tokens/s" if m else head
         n = m.tree.total_tokens
         tree = f"{METHOD_NAMES.get(method, method)} tree {n} token{'s' if n != 1 else ''}, top_k {m.tree.top_k}"
+        if m.tree.first_level:
+            tree += ", first level"
         return f"{head}, {tree}: expected {m.speedup:.2f}x over AR while decoding" + (f" ({m.note})" if m.note else "")
 
     def to_dict(self) -> dict:
@@ -105,9 +109,24 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
     # Prompt lookup's branches (design.md §17.5) pay in a fixed tree; in a sized one on a CPU they were measured
     # even (the sizer spends their chance on rows that cost what they return), so a sized tree goes without.
     sized = not total_tokens and method != "mjsd" and n > 1
+    first_level = False
+    if sized and n == 2 and method in FIRST_LEVEL_METHODS and cost.head_together and not base.fta:
+        # Where the head computes rows together, a sized 2-token tree widens to its first level's best ALL_ROWS - 1
+        # candidates: the same draft, the second candidate's lm_head row in the root's product, and the sizer
+        # verifies it in the cycles where its chance pays for it. The model cannot tell those cycles apart, so the
+        # tree is rated at its 2-token core (a lower bound), among the near ones at a top_k that has the candidates.
+        wide = [t for t in near if t[3] == 2 and t[2] >= ALL_ROWS - 1]
+        if wide:
+            rate, _, k, _ = max(wide)
+            n, first_level = ALL_ROWS, True
     tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge, sized=sized,
-                   lookup_branches=0 if sized else base.lookup_branches)
+                   lookup_branches=0 if sized else base.lookup_branches, first_level=first_level)
     return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")
+
+
+def rated_size(tree: TreeSettings) -> int:
+    """The size at which the model rates a tree: a first-level tree at its 2-token core (`best_tree`)."""
+    return 2 if tree.first_level else tree.total_tokens
 
 
 def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: dict[str, Acceptance | None],
@@ -157,7 +176,7 @@ def with_lookup(choice: MethodChoice, cost: PathCost, texts: list[tuple[int, lis
         return choice
     switch = tree if lookup else tree.lookup_tree(device_type)
     draft = cost.draft_at("lookup", switch.top_k, switch.total_tokens) if cost.draft_ms.get("lookup") else 0.0
-    n, k = tree.total_tokens, tree.top_k
+    n, k = rated_size(tree), tree.top_k
     drafts = not lookup and n > 1  # the positions lookup leaves are drafted cycles (else plain steps)
     measured = k in cost.draft_ms.get(method, {})
     known = drafts and measured and acceptance is not None and k in acceptance.prefix_ranks

@@ -10,7 +10,8 @@ packing):
   verify_ms   one target forward over n tree tokens (tree mask) + one lm_head row + argmax, for n in SIZES, on
               top of a KV cache of each length in KV_LENGTHS (lower quartile of a few interleaved repeats);
   head_ms     one more lm_head row (a greedy verification reads one per accepted token: verify.LazyLogits), or
-              what a second row adds to a product where the head computes rows together (8-bit blocks);
+              what a row adds to a product where the head computes rows together (8-bit blocks; the mean over a
+              product of PREFETCH_ROWS rows);
   head_alone_ms  one lm_head row in a product of its own: where the head computes rows together, the walk
               prefetches the draft's likeliest path, and an accepted node off it costs this much;
   draft_ms    one `propose` call of each drafter for each candidate top_k, after a realistic prefix and a
@@ -52,7 +53,7 @@ from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 23  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 24  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -69,7 +70,9 @@ VERSION = 23  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # dtype is measured against; the products ask for their weights non-temporally (a cycle's drafts 5-15% cheaper);
 # paths timed one after another (amid each other's repeats the int4 curve came out flat); 22: how far ahead the 4-bit
 # and 8-bit products ask for their weights measured per machine (int4.fastest_ahead), kept with the prefill choice;
-# 23: the fastest path's greedy replies to calibration prompts (`texts`, for the expected speed-ups: expected.py)
+# 23: the fastest path's greedy replies to calibration prompts (`texts`, for the expected speed-ups: expected.py);
+# 24: head_ms where the head computes rows together is a row's share of a PREFETCH_ROWS-row product's increment (a
+# second row was free and put head_ms at 0, a third and fourth add 0.06-0.12 ms each on the 2-core Zen 5 EPYC)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
@@ -452,7 +455,7 @@ def widest_tree(method: str, top_k: int) -> TreeSettings:
 def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> tuple[float, float]:
     """What one more lm_head row costs a verification (after a warm-up call), and one row in a product of its own:
     both a one-row product, except where the head computes rows together (`Target.head_batches`): there the first
-    is what a second row adds to a product."""
+    is what a row adds to a product, on average over the rows a walk prefetches (PREFETCH_ROWS)."""
 
     def timed(rows: torch.Tensor) -> float:
         times = []
@@ -466,7 +469,7 @@ def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> tuple[fl
 
     alone = timed(feature)
     if target.head_batches:
-        return max(0.0, timed(feature.expand(2, -1)) - alone), alone
+        return max(0.0, timed(feature.expand(PREFETCH_ROWS, -1)) - alone) / (PREFETCH_ROWS - 1), alone
     return alone, alone
 
 

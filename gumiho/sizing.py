@@ -13,7 +13,8 @@ no file. Then
 T(n) being the machine profile's cost of verifying n tokens at the current KV length, with one lm_head row, and
 the head rows those the acceptance walk reads past the root's: one row of its own per accepted node, except where
 the head computes rows together, and the walk computes the draft's likeliest path (up to verify.PREFETCH_ROWS
-rows) in the root's product whatever is accepted, and only accepted nodes off it alone. n = 1 is a plain AR step
+rows; every row of a tree of verify.ALL_ROWS or fewer) in the root's product whatever is accepted, and only
+accepted nodes off it alone. n = 1 is a plain AR step
 (the draft is not verified) and wins whenever the draft is too unsure to pay for the extra rows. Which nodes are
 kept stays the best-scored subset, so exactness is untouched: only how many is decided here.
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .tree import DraftPool
-from .verify import PREFETCH_ROWS
+from .verify import ALL_ROWS, PREFETCH_ROWS
 
 BINS = 16  # bins of exp(score), the draft's own probability, over [0, 1]
 PRIOR_WEIGHT = 2.0
@@ -93,7 +94,8 @@ class Sizer:
         kept = sorted(range(len(order)), key=order.__getitem__, reverse=True)[: most - 1]  # stable: ties keep order
         chance = math.exp if calibrated else self.probability
         best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, 0.0, kv), 0.0, 0.0
-        # The prefetched path: from the root, each node's first kept child (the best-ranked one), PREFETCH_ROWS rows.
+        # The prefetched path: from the root, each node's first kept child (the best-ranked one), PREFETCH_ROWS rows;
+        # a tree of ALL_ROWS rows or fewer has every row in that product (verify._prefetch_likeliest).
         path_end, together, alone = -1, 0, 0.0
         ranked = ((node, parents[node], scores[node]) for node in kept)
         for i, (node, parent, score) in enumerate(ranked, start=2):
@@ -103,7 +105,8 @@ class Sizer:
                 path_end, together = node, together + 1
             else:
                 alone += p
-            rate = (1.0 + expected) / self.cost(i, together, alone, kv)
+            small = self.together and i <= ALL_ROWS
+            rate = (1.0 + expected) / self.cost(i, i - 1 if small else together, 0.0 if small else alone, kv)
             if rate > best_rate:
                 best_n, best_rate, best_expected = i, rate, expected
         return best_n, best_expected

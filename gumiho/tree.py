@@ -287,6 +287,10 @@ class TreeSettings:
     `lookup_merge` N > 0 (a learned drafter's option, SAM-Decoding's switch; docs/design.md §17.4): when the text's
     last N or more tokens occurred earlier, the cycle verifies prompt lookup's tree instead of drafting (the
     drafter catches up on the next cycle it drafts); 0 is off.
+
+    `first_level` (the dynamic drafters, EAGLE-2 and Gumiho): the drafter stops after the root's `top_k`
+    candidates, so a tree of n tokens holds the best n - 1 of them side by side, for the price of a 2-token
+    tree's draft (docs/design.md §11).
     """
 
     top_k: int
@@ -303,6 +307,7 @@ class TreeSettings:
     lookup_merge: int = 0
     lookup_branches: int = 0
     sized: bool = False  # per-cycle sizing (sizing.py): total_tokens is then the most a cycle verifies
+    first_level: bool = False
 
     @classmethod
     def default(cls, method: str, device_type: str = "cpu") -> TreeSettings:
@@ -350,8 +355,9 @@ class TreeSettings:
         if method == "ar":
             return None
         chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
-        if "total_tokens" in chosen:  # a fixed size: no per-cycle sizing
+        if "total_tokens" in chosen:  # a fixed size: no per-cycle sizing, and the method's shape below the root
             chosen.setdefault("sized", False)
+            chosen.setdefault("first_level", False)
         tree = replace(base or cls.default(method, device_type), **chosen)
         if base is not None and "top_k" not in chosen and tree.pool_size(method) < tree.total_tokens - 1:
             # The automatic tree is narrower than the size asked for (where drafting is dear it keeps one token a
@@ -369,7 +375,10 @@ class TreeSettings:
         """The expansion steps a dynamic drafter (EAGLE-2, Gumiho) needs for this tree: its pool reaches depth
         `depth` + 1, but a tree of n tokens keeps the best n - 1 nodes, and a node never ranks above its parent, so
         nothing deeper than n - 1 can be kept. Drafting stops there (what the draft of a small tree costs: a chain
-        of two tokens needs no MLP head). FTA pads short paths with deeper tokens, so it keeps every step."""
+        of two tokens needs no MLP head). FTA pads short paths with deeper tokens, so it keeps every step. A
+        first-level tree stops after the root's candidates."""
+        if self.first_level:
+            return 0
         return self.depth if self.fta else max(0, min(self.depth, self.total_tokens - 2))
 
     def pool_size(self, method: str) -> int:
@@ -380,6 +389,8 @@ class TreeSettings:
             return self.depth
         if method == "lookup":  # a trie of up to top_k continuations of up to `depth` tokens each
             return self.top_k * self.depth
+        if self.first_level:  # the root's top_k
+            return self.top_k
         if method == "recycle":  # the table's top_k under the root, then top_k children of each of the top_k best
             return self.top_k + (self.depth - 1) * self.top_k**2
         if method != "gumiho":
@@ -399,6 +410,9 @@ class TreeSettings:
             raise GumihoError("gumiho needs depth >= 2, mlptopk >= 1 and pruning >= 1")
         if self.fta and method != "gumiho":
             raise GumihoError("FTA (full tree attention) is a Gumiho option; switch it off for " + method)
+        if self.first_level and (method not in ("eagle2", "gumiho") or self.fta):
+            raise GumihoError("a first-level tree is an option of the dynamic-tree drafters (eagle2, gumiho) without "
+                              "FTA, not of " + (method if method not in ("eagle2", "gumiho") else "an FTA tree"))
         if method == "mjsd":
             if self.tau_acc is None or not 0 <= self.tau_acc <= 1:
                 raise GumihoError(f"tau-acc must be in [0, 1], got {self.tau_acc}")
@@ -436,7 +450,7 @@ class TreeSettings:
         for name in ("max_ngram", "min_ngram"):
             if data[name] is None:
                 del data[name]
-        for name in ("lookup_merge", "lookup_branches", "sized"):
+        for name in ("lookup_merge", "lookup_branches", "sized", "first_level"):
             if not data[name]:
                 del data[name]
         return data

@@ -12,7 +12,7 @@ import torch
 
 from gumiho import profile as prof
 from gumiho.acceptance import Acceptance
-from gumiho.choice import CHEAPER_WITHIN, best_tree, choose
+from gumiho.choice import CHEAPER_WITHIN, Choice, best_tree, choose, rated_size
 from gumiho.engine import GenerationConfig
 from gumiho.errors import GumihoError
 from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost
@@ -20,6 +20,7 @@ from gumiho.static_tree import layout
 from gumiho.target import parse_dtype, pick_device
 from gumiho.trace import GenerationTrace
 from gumiho.tree import TreeSettings
+from gumiho.verify import ALL_ROWS
 
 from .conftest import random_drafter, tiny_engine, tiny_target
 
@@ -256,6 +257,29 @@ def test_a_cheaper_tree_expected_nearly_as_fast_is_preferred():
                         head_ms=1.0, small_draft_ms={"gumiho": {2: {2: 5.0, 3: draft3}}})
         chosen = best_tree(cost, "gumiho", TreeSettings.default("gumiho", "cpu"), acc, top_k=2)
         assert chosen.tree.total_tokens == expected, gain
+
+
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+def test_a_sized_two_token_tree_widens_to_its_first_level_where_the_head_computes_rows_together(method):
+    """Dear tree tokens make 2 the size (top_k 1 the cheapest draft): where the head computes rows together the
+    tree becomes a first-level one of ALL_ROWS tokens at the cheapest near top_k that has the candidates, rated at
+    its 2-token core; rows one at a time, or a fixed size, keep the 2-token tree."""
+    verify = [10.0 + 2.0 * (n - 1) for n in SIZES]
+    acc = Acceptance({1: [[0]] * 5 + [[]] * 5, 2: [[0]] * 5 + [[1]] * 2 + [[]] * 3})
+    drafts = {method: {1: 1.0, 2: 1.2}}
+    together = PathCost(ExecPath("int4"), {256: verify, 1024: verify}, drafts, head_together=True, head_alone_ms=3.0)
+    base = TreeSettings.default(method, "cpu")
+    chosen = best_tree(together, method, base, acc)
+    assert (chosen.tree.total_tokens, chosen.tree.top_k, chosen.tree.first_level) == (ALL_ROWS, 2, True)
+    assert chosen.tree.sized and chosen.tree.drafted_depth == 0
+    assert chosen.tokens_per_s == pytest.approx(1e3 * acc.tau(2, 2) / (1.2 + together.tree_cycle_ms(2, 0.5, 512)))
+    assert rated_size(chosen.tree) == 2 and "first level" in Choice(
+        together.path, {method: chosen}, "test").summary(method)
+    apart = PathCost(ExecPath("float32"), {256: verify, 1024: verify}, drafts, head_ms=3.0)
+    alone = best_tree(apart, method, base, acc)
+    assert (alone.tree.total_tokens, alone.tree.top_k, alone.tree.first_level) == (2, 1, False)
+    fixed = best_tree(together, method, base, acc, total_tokens=2)
+    assert fixed.tree.total_tokens == 2 and not fixed.tree.first_level
 
 
 def test_where_no_tree_pays_the_method_runs_ar_steps():

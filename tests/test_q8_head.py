@@ -14,7 +14,7 @@ from gumiho import kernels
 from gumiho.int4 import AHEAD, GROUP, Q8Matrix
 from gumiho.tree import DraftPool, build_tree
 from gumiho.sampling import SamplingConfig
-from gumiho.verify import PREFETCH_ROWS, LazyLogits, verify_sampling, walk_greedy
+from gumiho.verify import ALL_ROWS, PREFETCH_ROWS, LazyLogits, verify_sampling, walk_greedy
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
 
@@ -113,6 +113,27 @@ def test_the_greedy_walk_reads_the_likeliest_path_in_one_product_and_decides_as_
     rows, values = joint_logits.computed()
     for node, row in zip(rows, values):
         assert torch.equal(row, matrix(features[node : node + 1])[0]), node
+
+
+def test_a_tree_of_all_rows_or_fewer_is_one_product_siblings_included(kernel):
+    """Root and two candidates side by side (a first-level tree), the target's token the second one: with
+    `together` the three rows are one product and the walk computes nothing more; path and bonus as one row at a
+    time."""
+    vocab, hidden = 40, 2 * GROUP
+    g = torch.Generator().manual_seed(4)
+    matrix = Q8Matrix(torch.randn(vocab, hidden, generator=g), kernel)
+    features = torch.randn(3, hidden, generator=g)
+    predicted = matrix(features).argmax(-1).tolist()
+    pool = DraftPool()
+    pool.add(torch.tensor([(predicted[0] + 1) % vocab, predicted[0]]), torch.tensor([-1, -1]),
+             torch.tensor([-0.2, -0.9]), "eagle-1", 1)
+    tree = build_tree(predicted[0], pool, total_tokens=ALL_ROWS)
+    assert tree.parents == [-1, 0, 0]
+    one_row, together = CountingHead(matrix), CountingHead(matrix)
+    alone = walk_greedy(tree, LazyLogits(features, one_row))
+    joint = walk_greedy(tree, LazyLogits(features, together, together=True))
+    assert (joint.nodes, joint.bonus) == (alone.nodes, alone.bonus) == ([0, 2], predicted[2])
+    assert one_row.calls == [1, 1] and together.calls == [3]
 
 
 def test_the_sampling_walk_reads_the_same_rows_and_draws_the_same_tokens_with_one_product(kernel):

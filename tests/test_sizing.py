@@ -65,6 +65,25 @@ def test_rows_off_the_prefetched_path_are_costed_alone():
     assert calls[-1][2] == round(3 * math.exp(-0.01), 6)
 
 
+def test_every_row_of_a_tree_of_all_rows_or_fewer_is_costed_in_the_roots_product():
+    """Two candidates side by side under the root (a first-level tree): with 3 rows the walk computes all of them
+    together (verify.ALL_ROWS), so the sibling costs a row of the product, not its chance of a row alone; a fourth
+    row off the path is costed alone again."""
+    calls = []
+
+    def cost(n: int, together: float, alone: float, kv: int) -> float:
+        calls.append((n, together, round(alone, 6)))
+        return 10.0 + n
+
+    pool = DraftPool()
+    pool.add(torch.tensor([5, 6, 8]), torch.tensor([-1, -1, -1]), torch.tensor([-0.5, -1.0, -1.5]), "serial-1", 1)
+    Sizer(cost, together=True).choose(pool, most=4, kv=100, calibrated=True)
+    assert calls == [(1, 0, 0.0), (2, 1, 0.0), (3, 2, 0.0), (4, 1, round(math.exp(-1.0) + math.exp(-1.5), 6))]
+    calls.clear()
+    Sizer(cost).choose(pool, most=3, kv=100, calibrated=True)  # rows one at a time: the rule does not apply
+    assert calls[-1] == (3, 0, round(math.exp(-0.5) + math.exp(-1.0), 6))
+
+
 def test_the_calibration_learns_what_the_target_accepts():
     sizer = Sizer(linear_cost)
     confident = chain_pool([-0.1, -0.2])
@@ -141,11 +160,16 @@ def test_sized_trees_and_the_lookup_switch_keep_greedy_output_exact():
             "gumiho": TreeSettings(top_k=3, depth=5, total_tokens=12, mlptopk=3, pruning=3, sized=True,
                                    lookup_merge=2),
             "eagle2": TreeSettings(top_k=3, depth=4, total_tokens=10, sized=True),
+            "eagle2 first level": TreeSettings(top_k=3, depth=4, total_tokens=3, sized=True, first_level=True),
+            "gumiho first level": TreeSettings(top_k=2, depth=6, total_tokens=3, mlptopk=6, pruning=6, sized=True,
+                                               first_level=True),
             "medusa": replace(TreeSettings.default("medusa", "cpu"), sized=True, lookup_merge=3),
             "lookup": replace(TreeSettings.default("lookup", "cpu"), sized=True),
         }.items():
-            run = engine.generate("", method, GenerationConfig(max_new_tokens=40, tree=tree), prompt_ids=ids)
+            run = engine.generate("", method.split()[0], GenerationConfig(max_new_tokens=40, tree=tree), prompt_ids=ids)
             assert run.token_ids == ar.token_ids, (seed, method)
+            if tree.first_level:  # the root's candidates only, side by side
+                assert all(n.depth <= 1 for s in run.steps for n in s.nodes if n.source != "lookup"), method
             assert run.settings.tree["sized"] is True
             sizes.update(s.tree_size for s in run.steps)
             lookup_nodes += sum(n.source == "lookup" for s in run.steps for n in s.nodes if method != "lookup")

@@ -135,6 +135,26 @@ def test_a_small_tree_drafts_only_as_deep_as_it_can_keep(method, top_k):
         assert (got.tokens.tolist(), got.parents, got.sources) == (want.tokens.tolist(), want.parents, want.sources)
 
 
+@pytest.mark.parametrize("method", ["eagle2", "gumiho"])
+def test_a_first_level_tree_drafts_the_roots_candidates_only(method):
+    """A first-level tree of n tokens keeps the root's best n - 1 candidates side by side, drafted as a 2-token
+    tree's draft is (no expansion step)."""
+    engine = tiny_engine(seed=5, vocab=32, drafter_seed=5)
+    drafter = engine.drafters[method]
+    features, tokens = torch.randn(6, 32), torch.randint(0, 32, (6,))
+    tree = TreeSettings(top_k=3, depth=6, total_tokens=4, mlptopk=3, pruning=3, first_level=True)
+    assert tree.drafted_depth == 0 and tree.pool_size(method) == 3
+    tree.validate(method)
+    drafter.reset()
+    pool = drafter.propose(features, tokens, tree)
+    drafter.reset()
+    two = drafter.propose(features, tokens, replace(tree, total_tokens=2, first_level=False))
+    assert pool.depths == [1, 1, 1] and torch.equal(torch.cat(pool.tokens), torch.cat(two.tokens))
+    built = build_tree(int(tokens[-1]), pool, tree.total_tokens)
+    assert built.parents == [-1, 0, 0, 0]
+    assert "first_level" in tree.to_dict() and "first_level" not in replace(tree, first_level=False).to_dict()
+
+
 def test_fta_fills_short_paths_with_the_most_travelled_node():
     tree = build_tree(7, hand_pool(), total_tokens=7)
     # nodes: 0 root, 1 a, 2 b, 3 c, 4 d, 5 f, 6 e ; paths: [0,2,5,-1] [0,1,4,-1] [0,1,3,6]
@@ -155,6 +175,11 @@ def test_fta_fills_short_paths_with_the_most_travelled_node():
     # 2 serial nodes, then MLP beams of 2, 4, 8, 10, 10: 36 candidates, not 2 + 5 x 10
     ("gumiho", TreeSettings(top_k=1, depth=6, total_tokens=40, mlptopk=2, pruning=10), "exceeds the 36 candidates"),
     ("eagle2", TreeSettings(top_k=2, depth=2, total_tokens=4, fta=True), "FTA .* is a Gumiho option"),
+    ("eagle2", TreeSettings(top_k=2, depth=2, total_tokens=4, first_level=True), "exceeds the 2 candidates"),
+    ("lookup", TreeSettings(top_k=4, depth=6, total_tokens=3, max_ngram=3, min_ngram=1, first_level=True),
+     "first-level tree .* not of lookup"),
+    ("gumiho", TreeSettings(top_k=2, depth=6, total_tokens=3, mlptopk=6, pruning=6, fta=True, first_level=True),
+     "not of an FTA tree"),
 ])
 def test_bad_tree_settings(method, settings, message):
     from gumiho.errors import GumihoError
@@ -196,6 +221,10 @@ def test_a_fixed_size_switches_per_cycle_sizing_off():
     sized = replace(TreeSettings.default("gumiho", "cpu"), sized=True, lookup_branches=0)
     assert TreeSettings.resolve("gumiho", "cpu", {"top_k": 3}, base=sized).sized
     assert not TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=sized).sized
+    first_level = replace(sized, total_tokens=3, top_k=2, first_level=True)
+    assert TreeSettings.resolve("gumiho", "cpu", {"top_k": 3}, base=first_level).first_level
+    fixed = TreeSettings.resolve("gumiho", "cpu", {"total_tokens": 6}, base=first_level)
+    assert not fixed.first_level and fixed.drafted_depth == 4  # a fixed size drafts the method's own shape
 
 
 def test_lookup_branches_by_default_in_fixed_dynamic_trees_only():
