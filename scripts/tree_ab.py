@@ -3,6 +3,8 @@ variant (per-cycle sizing on, as in the automatic choice), interleaved per promp
 runs cancels (docs/benchmarks.md, "A CPU with bf16 units").
 
     PYTHONPATH=. .venv/bin/python scripts/tree_ab.py --trees 2:4 3:2 --prompts 3
+
+A trailing f makes the tree a first-level one (the root's candidates only, design.md §11): --trees 2:2 3:2f.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from scripts.engine_ab import benchmark_prompts, interleave
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trees", nargs="+", default=["2:4", "3:2"], help="TOKENS:TOP_K, each a variant")
+    parser.add_argument("--trees", nargs="+", default=["2:4", "3:2"], help="TOKENS:TOP_K[f], each a variant")
     parser.add_argument("--prompts", type=int, default=3, help="first prompts of each set")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--methods", nargs="+", default=["gumiho", "eagle2"])
@@ -28,8 +30,9 @@ def main() -> None:
     print("automatic:", {m: (t.total_tokens, t.top_k) for m, t in automatic.items()})
 
     def trees(spec: str):
-        n, k = map(int, spec.split(":"))
-        chosen = {m: replace(widest_tree(m, k), total_tokens=n, fta=t.fta, lookup_merge=t.lookup_merge, sized=True)
+        n, k = map(int, spec.removesuffix("f").split(":"))
+        chosen = {m: replace(widest_tree(m, k), total_tokens=n, fta=t.fta, lookup_merge=t.lookup_merge, sized=True,
+                             first_level=spec.endswith("f"))
                   for m, t in automatic.items()}
 
         def setup():
