@@ -110,6 +110,9 @@ def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
                       "0: off)")
     tree.add_argument("--lookup-branches", type=non_negative, help="EAGLE-2, Gumiho: in cycles that draft, add "
                       "prompt lookup's continuations of matches of N or more tokens to the tree (default 0: off)")
+    tree.add_argument("--first-level", action=argparse.BooleanOptionalAction, default=None,
+                      help="EAGLE-2, Gumiho: draft the root's top-k candidates only, side by side (the automatic "
+                      "choice's 3-token tree where the lm_head computes rows together)")
 
 
 def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -121,7 +124,7 @@ def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "mlptopk": args.mlptopk, "pruning": args.pruning, "fta": args.fta,
         "mlp_parent_align": args.mlp_parent_align, "serial_tree_mask": args.serial_tree_mask,
         "tau_acc": args.tau_acc, "max_ngram": args.max_ngram, "min_ngram": args.min_ngram,
-        "lookup_merge": args.lookup_merge, "lookup_branches": args.lookup_branches,
+        "lookup_merge": args.lookup_merge, "lookup_branches": args.lookup_branches, "first_level": args.first_level,
     }
 
 

@@ -215,6 +215,7 @@ def test_greedy_lookup_equals_ar_on_the_default_model(smollm):
     (["--method", "lookup", "--drafter", "assets/drafters/smollm2-135m-eagle2"], "lookup drafts without weights"),
     *[(["--method", m, "--total-tokens", "0"], "--total-tokens must be >= 1 or 'auto'") for m in METHODS],
     (["--method", "lookup", "--total-tokens", "-3"], "--total-tokens must be >= 1 or 'auto'"),
+    (["--method", "lookup", "--first-level"], "a first-level tree is an option of the dynamic-tree drafters"),
 ])
 def test_bad_lookup_options_fail_fast_with_one_line(capsys, args, message):
     code, out, err = run_cli(capsys, *args)

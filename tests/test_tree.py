@@ -293,6 +293,8 @@ def test_resolve_gives_no_tree_for_ar():
     ("eagle2", {"fta": True}, "FTA .* is a Gumiho option"),
     ("gumiho", {"depth": 1}, "depth >= 2"),
     ("gumiho", {"total_tokens": 64}, "exceeds the 38 candidates"),  # the CPU default: 2 x 4 + 5 x 6
+    ("gumiho", {"total_tokens": 6, "first_level": True}, "exceeds the 4 candidates"),  # the root's top_k
+    ("recycle", {"first_level": True}, "first-level tree is an option of the dynamic-tree drafters"),
 ])
 def test_resolve_refuses_a_tree_the_method_cannot_draft(method, overrides, message):
     from gumiho.errors import GumihoError
