@@ -71,15 +71,17 @@ class RunSettings:
     def config(self, method: str, base: TreeSettings | None) -> GenerationConfig:
         """The engine's config for `method` (values already checked by `validate`), its tree fields applied to
         `base` (the engine's automatic tree for the method); raises GumihoError with a message for the visitor
-        when the tree's fields do not fit together. A static tree verifies at most its own size (EAGLE-1's 25
-        nodes + the root), whatever total was asked for, and a lookup or recycle tree at most what its shape can
-        draft."""
+        when the tree's fields do not fit together. Fields left at the automatic tree's values keep that tree as it
+        is (sized per cycle, a first-level tree's shape): the page's controls always send a value. A static tree
+        verifies at most its own size (EAGLE-1's 25 nodes + the root), whatever total was asked for, and a lookup
+        or recycle tree at most what its shape can draft."""
         from gumiho.engine import GenerationConfig
 
         sampling = SamplingConfig(temperature=self.temperature, top_p=self.top_p)
         tree = None
         if method != "ar":
-            chosen = self.tree_overrides(method)
+            chosen = {name: None if base is not None and value == getattr(base, name) else value
+                      for name, value in self.tree_overrides(method).items()}
             if method in STATIC_METHODS and chosen["total_tokens"] is not None:  # a static tree has a fixed size
                 depth = chosen["depth"] or (base or TreeSettings.default(method)).depth
                 chosen["total_tokens"] = capped_total(method, depth, chosen["total_tokens"])

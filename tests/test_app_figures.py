@@ -6,6 +6,7 @@ import json
 import os
 import re
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -213,8 +214,6 @@ def test_paths_table_lists_paths_most_accepted_first_with_borrowed_tokens_bracke
 
 
 def test_a_sampled_cycle_shows_each_test_and_its_draw():
-    from dataclasses import replace
-
     cycle = gumiho_trace().steps[0]
     nodes = [replace(n, accept=a, draw=d) for n, (a, d) in zip(cycle.nodes, [(None, None), (0.62, 0.31),
                                                                             (None, None), (0.9, 0.05), (0.51, 0.5),
@@ -439,6 +438,17 @@ def test_run_settings_validate_into_engine_configs():
                         (RunSettings(total_tokens=500), "gumiho")]:
         with pytest.raises(GumihoError):
             bad.config(method, TreeSettings.default(method, "cpu"))
+
+
+def test_values_left_at_the_automatic_tree_keep_it_sized_and_first_level():
+    """The page always sends every control's value: those equal to the automatic tree's leave it as it is (sized
+    per cycle, first level); a changed size fixes the tree in the method's own shape."""
+    automatic = replace(TreeSettings.default("gumiho", "cpu"), top_k=2, total_tokens=3, sized=True, first_level=True,
+                        lookup_branches=0)
+    values = {name: getattr(automatic, name) for name in ("top_k", "depth", "total_tokens", "mlptopk", "pruning")}
+    assert RunSettings(**values, fta=automatic.fta).config("gumiho", automatic).tree == automatic
+    fixed = RunSettings(**{**values, "total_tokens": 6}, fta=automatic.fta).config("gumiho", automatic).tree
+    assert fixed.total_tokens == 6 and not fixed.sized and not fixed.first_level
 
 
 def test_race_settings_match_the_verification_budget():
