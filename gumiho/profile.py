@@ -72,13 +72,15 @@ VERSION = 24  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # and 8-bit products ask for their weights measured per machine (int4.fastest_ahead), kept with the prefill choice;
 # 23: the fastest path's greedy replies to calibration prompts (`texts`, for the expected speed-ups: expected.py);
 # 24: head_ms where the head computes rows together is a row's share of a PREFETCH_ROWS-row product's increment (a
-# second row was free and put head_ms at 0, a third and fourth add 0.06-0.12 ms each on the 2-core Zen 5 EPYC)
+# second row was free and put head_ms at 0, a third and fourth add 0.06-0.12 ms each on the 2-core Zen 5 EPYC), the
+# median of HEAD_PAIRS paired differences
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)
 DEPTH_CAPPED = ("eagle2", "gumiho")  # drafters that stop at the depth a small tree can keep
 SMALL_TOP_K = 4  # the widest first layer whose small trees' drafts are timed (small_sizes)
 REPEATS = 3
+HEAD_PAIRS = 24  # one-row and PREFETCH_ROWS-row lm_head products timed in turn (each about a millisecond)
 TEXT_PROMPTS = 16  # calibration prompts whose greedy replies the profile keeps (`texts`), TEXT_TOKENS tokens each
 TEXT_TOKENS = 64
 TEXT_PROMPT_TOKENS = 1024  # longer prompts (documents to summarise) are passed over: a slow processor's profile
@@ -452,24 +454,31 @@ def widest_tree(method: str, top_k: int) -> TreeSettings:
 
 
 @torch.inference_mode()
-def head_row_ms(target: Target, feature: torch.Tensor, repeats: int) -> tuple[float, float]:
-    """What one more lm_head row costs a verification (after a warm-up call), and one row in a product of its own:
-    both a one-row product, except where the head computes rows together (`Target.head_batches`): there the first
-    is what a row adds to a product, on average over the rows a walk prefetches (PREFETCH_ROWS)."""
+def head_row_ms(target: Target, feature: torch.Tensor, pairs: int = HEAD_PAIRS) -> tuple[float, float]:
+    """What one more lm_head row costs a verification, and one row in a product of its own: both a one-row
+    product, except where the head computes rows together (`Target.head_batches`): there the first is what a row
+    adds to a product, on average over the rows a walk prefetches (PREFETCH_ROWS). A one-row and a PREFETCH_ROWS-row
+    product are timed in turn, `pairs` times after a warm-up pair: the increment is the median of the pairs'
+    differences, the one row the lower quartile of its times (three one-row timings apart from the wider ones put
+    the increment at a third of what it is on the 2-core Zen 5 EPYC: 0.03 ms a row against 0.09)."""
 
     def timed(rows: torch.Tensor) -> float:
-        times = []
-        for _ in range(repeats + 1):
-            _sync(target.device)
-            start = time.perf_counter()
-            target.logits(rows).argmax(-1).tolist()
-            _sync(target.device)
-            times.append((time.perf_counter() - start) * 1e3)
-        return low(times[1:])
+        _sync(target.device)
+        start = time.perf_counter()
+        target.logits(rows).argmax(-1).tolist()
+        _sync(target.device)
+        return (time.perf_counter() - start) * 1e3
 
-    alone = timed(feature)
+    wide = feature.expand(PREFETCH_ROWS, -1)
+    ones, steps = [], []
+    for pair in range(pairs + 1):
+        one, more = timed(feature), timed(wide) if target.head_batches else 0.0
+        if pair:
+            ones.append(one)
+            steps.append(more - one)
+    alone = low(ones)
     if target.head_batches:
-        return max(0.0, timed(feature.expand(PREFETCH_ROWS, -1)) - alone) / (PREFETCH_ROWS - 1), alone
+        return max(0.0, statistics.median(steps)) / (PREFETCH_ROWS - 1), alone
     return alone, alone
 
 
@@ -556,7 +565,7 @@ def measure(target: Target, drafters: dict[str, Drafter], paths: list[ExecPath] 
                 on_progress(bar.n / bar.total)
     costs = []
     for i, (path, runner) in enumerate(zip(paths, runners)):
-        head_ms, head_alone_ms = head_row_ms(runner, features[-1:].to(runner.dtype), repeats)
+        head_ms, head_alone_ms = head_row_ms(runner, features[-1:].to(runner.dtype))
         costs.append(PathCost(path,
                               {kv: paired_curve(verify_ms[i][j], warm[i][j]) for j, kv in enumerate(KV_LENGTHS)},
                               {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
