@@ -114,10 +114,11 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
         # Where the head computes rows together, a sized 2-token tree widens to its first level's best ALL_ROWS - 1
         # candidates: the same draft, the second candidate's lm_head row in the root's product, and the sizer
         # verifies it in the cycles where its chance pays for it. The model cannot tell those cycles apart, so the
-        # tree is rated at its 2-token core (a lower bound), among the near ones at a top_k that has the candidates.
+        # tree is rated at its 2-token core (a lower bound), at the narrowest near top_k that has the candidates (a
+        # wider one drafts candidates the tree never keeps).
         wide = [t for t in near if t[3] == 2 and t[2] >= ALL_ROWS - 1]
         if wide:
-            rate, _, k, _ = max(wide)
+            rate, _, k, _ = min(wide, key=lambda t: t[2])
             n, first_level = ALL_ROWS, True
     tree = replace(widest_tree(method, k), total_tokens=n, fta=base.fta, lookup_merge=base.lookup_merge, sized=sized,
                    lookup_branches=0 if sized else base.lookup_branches, first_level=first_level)
