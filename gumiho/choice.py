@@ -24,7 +24,7 @@ from .errors import GumihoError
 from .expected import Replay, replay, speedup
 from .profile import SHORT, SIZES, ExecPath, MachineProfile, PathCost, widest_tree
 from .trace import METHOD_NAMES
-from .tree import TreeSettings
+from .tree import FIRST_LEVEL_METHODS, TreeSettings
 from .verify import ALL_ROWS
 
 KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hundred generated tokens
@@ -33,7 +33,6 @@ KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hu
 # accepted tokens, the pool and tree bookkeeping, the walk): side by side on a 2-core Zen 4 EPYC, a 3-token tree it
 # rated 1% below a 2-token one ran 6-9% slower (docs/benchmarks.md, "A CPU with bf16 units").
 CHEAPER_WITHIN = 0.05
-FIRST_LEVEL_METHODS = ("eagle2", "gumiho")  # the dynamic drafters, whose first level holds the root's top_k
 
 
 @dataclass

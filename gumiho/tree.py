@@ -16,6 +16,7 @@ import torch
 
 from .static_tree import CHOICES, choices_for, layout
 
+FIRST_LEVEL_METHODS = ("eagle2", "gumiho")  # the dynamic drafters, whose first level holds the root's top_k
 RECYCLE_WIDTH = 16  # Token Recycling: next tokens its table keeps per token, so the widest top_k of its trees
 
 
@@ -410,9 +411,10 @@ class TreeSettings:
             raise GumihoError("gumiho needs depth >= 2, mlptopk >= 1 and pruning >= 1")
         if self.fta and method != "gumiho":
             raise GumihoError("FTA (full tree attention) is a Gumiho option; switch it off for " + method)
-        if self.first_level and (method not in ("eagle2", "gumiho") or self.fta):
+        if self.first_level and (method not in FIRST_LEVEL_METHODS or self.fta):
+            what = "an FTA tree" if method in FIRST_LEVEL_METHODS else method
             raise GumihoError("a first-level tree is an option of the dynamic-tree drafters (eagle2, gumiho) without "
-                              "FTA, not of " + (method if method not in ("eagle2", "gumiho") else "an FTA tree"))
+                              f"FTA, not of {what}")
         if method == "mjsd":
             if self.tau_acc is None or not 0 <= self.tau_acc <= 1:
                 raise GumihoError(f"tau-acc must be in [0, 1], got {self.tau_acc}")

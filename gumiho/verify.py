@@ -24,7 +24,7 @@ from .tree import DraftTree
 
 PREFETCH_ROWS = 4  # the most rows an acceptance walk computes in one head product (`LazyLogits.together`)
 # A tree of this many rows or fewer has all of them computed in that product, siblings included: a third row adds
-# 0.06-0.10 ms to the 8-bit head's product on a 2-core Zen 5 EPYC, where a row of its own costs 0.35-0.6 ms.
+# about 0.1 ms to the 8-bit head's product on a 2-core Zen 5 EPYC, where a row of its own costs 0.35-0.6 ms.
 ALL_ROWS = 3
 
 
