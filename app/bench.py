@@ -93,8 +93,8 @@ def _read_journal(path: Path) -> BenchRun:
 
 
 def read_runs(folder: Path = BENCH) -> list[BenchRun]:
-    """Runs in progress (journals) first, then every finished run in `folder`: the one with the most conversations
-    per method first, the newest first among equals; then other files."""
+    """Runs in progress (journals) first, then every finished run in `folder`, the newest first (the engine changes
+    between runs: an older run, however large, measured an older engine); then other files."""
     if not folder.is_dir():
         return []
     files = sorted(folder.glob("*.json"))
@@ -104,7 +104,7 @@ def read_runs(folder: Path = BENCH) -> list[BenchRun]:
             runs.append(_read_json(path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             runs.append(BenchRun(path.stem, notes=[f"could not read `{path.name}`: {exc}"]))
-    runs.sort(key=lambda run: (run.prompts, run.created), reverse=True)
+    runs.sort(key=lambda run: run.created, reverse=True)
     runs[:0] = [_read_journal(path) for path in sorted(folder.glob("*.partial.jsonl"))]
     owned = tuple(f"{p.stem}." for p in files)
     for path in sorted(folder.glob("*.csv")):

@@ -19,6 +19,7 @@ from .style import method_name, source_name, source_order, token_label
 
 FONT = dict(family="system-ui, sans-serif", size=12, color=palette.INK)
 RACE_MARKS = 12  # markers a race line shows at most (its symbol, beside its colour and dash)
+LEGEND_WIDTH = 520  # px a legend has in a half-width panel of the page (the Benchmarks tab's two charts)
 LABEL_ROOM = 0.9  # rows above the top row, so its labels stay inside the plot
 
 
@@ -331,7 +332,22 @@ def grouped_bar_figure(rows: list[dict], x: str, y: str, title: str) -> go.Figur
                              marker_color=method_color(method), marker_pattern_shape=method_pattern(method)))
     fig.update_layout(barmode="group")
     fig.update_yaxes(title=y, gridcolor=palette.GRID, rangemode="tozero")
-    return _base_layout(fig, title, 340)
+    # The legend sits above the bars and grows upwards as it wraps, over the title: the top margin grows by a line
+    # for each line past the first, and the title keeps to the top (by default it sits mid-margin).
+    extra = 20 * (legend_lines([trace.name for trace in fig.data]) - 1)
+    _base_layout(fig, title, 340 + extra)
+    return fig.update_layout(margin=dict(t=60 + extra),
+                             title=dict(yref="container", y=1.0, yanchor="top", pad=dict(t=12)))
+
+
+def legend_lines(names: list[str], width: int = LEGEND_WIDTH) -> int:
+    """Lines a horizontal legend of `names` takes in `width` pixels, as Plotly lays it out: one line where every
+    entry fits, else columns as wide as the widest entry. An entry is its symbol and gap (40 px) and its name
+    (about 7 px a character at the 12 px font)."""
+    entries = [40 + 7 * len(name) for name in names]
+    if sum(entries) <= width:
+        return 1
+    return math.ceil(len(entries) / max(1, width // max(entries)))
 
 
 def acceptance_figure(rates: dict[str, list[float]]) -> go.Figure:

@@ -35,6 +35,7 @@ NEW_TOKENS=${NEW_TOKENS:-256}
 EPOCHS=${EPOCHS:-2}
 LR=${LR:-2e-4}
 UNROLL=${UNROLL:-2}                   # training-time test: draft steps trained per position
+CE_WEIGHT=${CE_WEIGHT:-0.1}           # the soft cross-entropy's weight beside the feature loss (--ce-weight)
 CHECKPOINT_MINUTES=${CHECKPOINT_MINUTES:-5}
 THREADS=${THREADS:-2}
 # The target path whose features the drafters train on and whose tau judges them: float32 (the replies' own
@@ -119,7 +120,7 @@ for round in $(seq 1 "$ROUNDS"); do
         run="$RUNS/round-$round-$drafter-$(sha256sum "$shipped/model.safetensors" | cut -c1-8)-c$CONVERSATIONS$suffix"
         log "round $round: fine-tune $drafter from $shipped -> $run"
         $PY -m gumiho.train --drafter "$drafter" --init "$shipped" --data "$data" --out "$run" \
-            --epochs "$EPOCHS" --lr "$LR" --warmup-steps 20 --batch-tokens 4096 --unroll "$UNROLL" \
+            --epochs "$EPOCHS" --lr "$LR" --warmup-steps 20 --batch-tokens 4096 --unroll "$UNROLL" --ce-weight "$CE_WEIGHT" \
             --seed "$round" --checkpoint-every "$steps_every" --threads "$THREADS" --dtype float32
         for which in new shipped; do
             folder=$([ "$which" = new ] && echo "$run/drafter" || echo "$shipped")

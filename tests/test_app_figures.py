@@ -337,7 +337,7 @@ def test_bench_reader_reads_harness_runs_and_anything_else(tmp_path):
     assert "could not read `broken.json`" in runs["broken"].notes[0]
 
 
-def test_bench_reader_lists_the_largest_then_the_newest_run_first(tmp_path):
+def test_bench_reader_lists_the_newest_run_first_whatever_its_size(tmp_path):
     def write(name: str, prompts: int, created: str) -> None:
         summary = [dict(row, prompts=prompts) for row in bench_summary()]
         (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, "created": created, "summary": summary}))
@@ -347,8 +347,20 @@ def test_bench_reader_lists_the_largest_then_the_newest_run_first(tmp_path):
     write("c-small-old", 4, "2026-11-20T00:00:00+00:00")
     (tmp_path / "notes.json").write_text(json.dumps({"machine": "2-core EPYC"}))
     runs = read_runs(tmp_path)
-    assert [run.name for run in runs] == ["b-full", "a-small-new", "c-small-old", "notes"]
-    assert runs[0].prompts == 160  # two datasets of 80 conversations
+    assert [run.name for run in runs] == ["a-small-new", "c-small-old", "b-full", "notes"]
+    assert runs[2].prompts == 160  # two datasets of 80 conversations
+
+
+def test_bench_chart_legend_that_wraps_gets_room_above_the_bars_not_over_the_title():
+    def chart(methods: list[str]):
+        rows = [dict(method=m, dataset="gsm8k", speedup=1.0) for m in methods]
+        return figures.grouped_bar_figure(rows, "dataset", "speedup", "speed-up")
+
+    few = chart(["ar", "eagle2", "gumiho"])
+    many = chart(["ar", "eagle2", "gumiho", "lookup", "recycle", "transformers-fp32", "transformers-bf16"])
+    assert few.layout.margin.t == 60 and few.layout.height == 340  # one line of legend
+    assert figures.legend_lines([t.name for t in many.data]) == 4  # columns as wide as "transformers generate (…)"
+    assert many.layout.margin.t == 60 + 3 * 20 and many.layout.height == 340 + 3 * 20
 
 
 def test_bench_charts_have_one_series_per_method():
