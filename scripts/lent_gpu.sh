@@ -8,7 +8,7 @@
 #   device run, carry .gpu/p1:  bash scripts/lent_gpu.sh install
 #   device run, carry .gpu/p2:  bash scripts/lent_gpu.sh start SECONDS      # the round runs on in the background
 #   here: bash scripts/lent_gpu.sh restore    # the two initial drafters back into the tree (they travel next;
-#                                             # `restore all`: every drafter)
+#                                             # `restore all`: every drafter, and what `pack` left here)
 #   device run (no carry):      bash scripts/lent_gpu.sh finish             # waits, then packs the results to $OUT
 #   here: bash scripts/lent_gpu.sh unpack /work/.device/N   # every drafter back; results -> runs/lent-gpu/
 #
@@ -22,7 +22,8 @@ PY=${PY:-python3}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 SITE=/tmp/site
-PART1_BYTES=44000000  # with the wheels (13.5 MB) and the tree (6.2 MB) under 64 MiB
+PART1_BYTES=44000000  # with the wheels (13.5 MB) and the tree (6.2 MB without UNREAD) under 64 MiB
+UNREAD="assets/bench assets/screenshots assets/traces"  # tracked folders the round never reads (`pack`)
 
 pack() {
     grep -qx "/.gpu/" .git/info/exclude || echo "/.gpu/" >> .git/info/exclude
@@ -64,6 +65,12 @@ EOF
     for folder in assets/drafters/*/; do  # `restore` and `unpack` bring them back
         [ -f "$folder/model.safetensors" ] || continue
         mkdir -p ".gpu/hold/$folder" && mv "$folder/model.safetensors" ".gpu/hold/$folder"
+    done
+    # What a round never reads stays here too (`restore all` brings it back): the benchmark reports, screenshots and
+    # recorded traces were 9 MB of a 15 MB tree in 2026-11, and the first copy's 56 MB left room for 8.
+    for folder in $UNREAD; do
+        [ -d "$folder" ] || continue
+        mkdir -p ".gpu/hold/$(dirname "$folder")" && mv "$folder" ".gpu/hold/$folder"
     done
     du -sh .gpu/p1 .gpu/p2
 }
@@ -116,13 +123,24 @@ start() {
     echo "round started; it ends within $seconds s"
 }
 
-# Weights moved out by `pack` back into the tree: the round's two initial drafters, or (`all`) every one.
+# Weights moved out by `pack` back into the tree: the round's two initial drafters, or (`all`) every one, and the
+# folders the round never reads.
 restore() {
     local kinds=${1:-"eagle2 gumiho"} folder
     for folder in .gpu/hold/assets/drafters/*/; do
         case " $kinds " in *" all "* | *" $(basename "$folder" | sed 's/.*-//') "*) ;; *) continue ;; esac
         [ -f "$folder/model.safetensors" ] && cp "$folder/model.safetensors" "${folder#.gpu/hold/}"
     done
+    if [ "$kinds" = all ]; then
+        for folder in $UNREAD; do
+            [ -d ".gpu/hold/$folder" ] || continue
+            if [ -e "$folder" ]; then  # never over what is in the tree now
+                echo "$folder is in the tree again: .gpu/hold/$folder left where it is" >&2
+            else
+                mv ".gpu/hold/$folder" "$folder"
+            fi
+        done
+    fi
     git status --short assets/drafters
 }
 

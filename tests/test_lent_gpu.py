@@ -26,6 +26,9 @@ def repo_with_weights_packed(tmp_path: Path) -> Path:
         (tmp_path / folder / "config.json").write_text("{}")
         (tmp_path / ".gpu/hold" / folder).mkdir(parents=True)
         (tmp_path / ".gpu/hold" / folder / "model.safetensors").write_bytes(kind.encode())
+    for folder in ("assets/bench", "assets/traces"):  # folders the round never reads, left here by `pack`
+        (tmp_path / ".gpu/hold" / folder).mkdir(parents=True)
+        (tmp_path / ".gpu/hold" / folder / "report.md").write_text(folder)
     return tmp_path
 
 
@@ -38,8 +41,14 @@ def test_restore_brings_back_the_two_initial_drafters_then_all(tmp_path):
     repo = repo_with_weights_packed(tmp_path)
     assert run(repo, "restore").returncode == 0
     assert weights_in_tree(repo) == {"eagle2": b"eagle2", "gumiho": b"gumiho"}  # what the third copy carries
-    assert run(repo, "restore", "all").returncode == 0
+    assert not (repo / "assets/bench").exists()  # the round's copies travel without them
+    (repo / "assets/traces").mkdir()  # checked out again meanwhile: never overwritten
+    done = run(repo, "restore", "all")
+    assert done.returncode == 0
     assert weights_in_tree(repo) == {kind: kind.encode() for kind in KINDS}
+    assert (repo / "assets/bench/report.md").read_text() == "assets/bench"
+    assert not (repo / "assets/traces/report.md").exists() and (repo / ".gpu/hold/assets/traces/report.md").is_file()
+    assert "assets/traces is in the tree again" in done.stderr
 
 
 def test_bad_use_is_one_line_and_exit_2(tmp_path):
