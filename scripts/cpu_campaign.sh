@@ -137,6 +137,14 @@ for round in $(seq 1 "$ROUNDS"); do
                 "$new" "$old" "$new1" "$old1"; then
             $PY -m gumiho.train ship --run "$run" --dest "$shipped" --eval "$run/eval-new.json"
             $PY -m gumiho calibrate --method "$drafter" --prompts data/calibration/prompts.jsonl --threads "$THREADS"
+            # and each method that drafts with these weights (EAGLE-1 with EAGLE-2's), whose statistics were the old
+            # weights'
+            for borrowed in "$shipped"/acceptance-*.json; do
+                [ -e "$borrowed" ] || continue
+                borrowed=$(basename "$borrowed" .json)
+                $PY -m gumiho calibrate --method "${borrowed#acceptance-}" --prompts data/calibration/prompts.jsonl \
+                    --threads "$THREADS"
+            done
             log "round $round: shipped the new $drafter drafter"
         fi
     done

@@ -168,16 +168,21 @@ if [ "$1" = -m ] && [ "$2" = gumiho.train ]; then
     case "$1" in
         prompts) echo '{"id": "a_0", "prompt": "Who?"}' > "$out";;
         prepare|refeature|--drafter) mkdir -p "$out";;
-        eval) echo '{"tau": {"p": {"tau_mean": 2.0}}, "chain_accuracy": [0.5]}' > "$out";;
+        eval) case "$out:$NEW_WINS" in
+                  *eval-new.json:1) echo '{"tau": {"p": {"tau_mean": 2.5}}, "chain_accuracy": [0.6]}' > "$out";;
+                  *) echo '{"tau": {"p": {"tau_mean": 2.0}}, "chain_accuracy": [0.5]}' > "$out";;
+              esac;;
     esac
     exit 0
 fi
+if [ "$1" = -m ] && [ "$2" = gumiho ] && [ "$3" = calibrate ]; then exit 0; fi
 exec PYTHON "$@"
 """
 
 
 def _campaign_calls(tmp_path, **settings) -> list[str]:
-    """The gumiho.train calls of one round of the campaign with a stand-in Python (an even result: nothing ships)."""
+    """The gumiho and gumiho.train calls of one round of the campaign with a stand-in Python (an even result: nothing
+    ships; NEW_WINS=1: every new drafter wins)."""
     stand_in = tmp_path / "py"
     stand_in.write_text(STAND_IN_PY.replace("PYTHON", sys.executable))
     stand_in.chmod(0o755)
@@ -187,7 +192,7 @@ def _campaign_calls(tmp_path, **settings) -> list[str]:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_campaign.sh")], capture_output=True, text=True,
                           env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    return [line for line in calls.read_text().splitlines() if line.startswith("-m gumiho.train")]
+    return [line for line in calls.read_text().splitlines() if line.startswith(("-m gumiho.train", "-m gumiho "))]
 
 
 def _call(calls: list[str], *words: str) -> list[str]:
@@ -241,3 +246,11 @@ def test_another_per_task_is_another_data_set(tmp_path):
     (b,) = _call(second, "prepare", "train")
     assert "task50-train-gumiho-float32" in a and "task80-train-gumiho-float32" in b
     assert len(_call(second, "prompts")) == 2  # its own prompt files, not the first setting's
+
+
+def test_a_drafter_that_wins_is_shipped_and_recalibrated_with_the_methods_borrowing_its_weights(tmp_path):
+    calls = _campaign_calls(tmp_path, NEW_WINS="1")
+    assert [c.split("--dest ")[1].split()[0] for c in _call(calls, "ship")] == \
+        ["assets/drafters/smollm2-135m-gumiho", "assets/drafters/smollm2-135m-eagle2"]
+    # EAGLE-1 drafts with EAGLE-2's weights (its statistics beside them): a new EAGLE-2 makes them stale too
+    assert [c.split("--method ")[1].split()[0] for c in _call(calls, "calibrate")] == ["gumiho", "eagle2", "eagle1"]
