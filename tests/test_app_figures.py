@@ -363,6 +363,17 @@ def test_bench_chart_legend_that_wraps_gets_room_above_the_bars_not_over_the_tit
     assert many.layout.margin.t == 60 + 3 * 20 and many.layout.height == 340 + 3 * 20
 
 
+def test_a_recorded_race_keeps_each_methods_run_of_median_wall_time():
+    from app.record_examples import main, median_run
+
+    runs = [SimpleNamespace(name=name, wall_s=wall) for name, wall in (("slow", 0.3), ("fast", 0.1), ("typical", 0.2))]
+    assert median_run(runs).name == "typical"
+    assert median_run(runs[:1]).name == "slow"
+    with pytest.raises(SystemExit) as stop:
+        main(["--rounds", "0"])
+    assert stop.value.code == 2
+
+
 def test_bench_charts_have_one_series_per_method():
     rows = [r for r in bench_summary() if r["dataset"] != "mean"]
     fig = figures.grouped_bar_figure(rows, "dataset", "speedup", "speed-up")
