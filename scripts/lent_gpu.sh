@@ -105,12 +105,12 @@ start() {
         SHARD=512 LR=2e-4 WARMUP=50 BATCH_TOKENS=16384 UNROLL_EAGLE2=${UNROLL_EAGLE2:-3} \
         EAGLE2_SHARE=${EAGLE2_SHARE:-1.0} GEN_S=${GEN_S:-250} END="$(cat /tmp/end)" \
         RESERVE_S=90 PY=$PY setsid nohup bash scripts/train_drafters.sh > /tmp/round.log 2>&1 < /dev/null &
-    echo $! > /tmp/round.pid
+    local round=$! waited=0
+    echo "$round" > /tmp/round.pid
     # The device tool ends what a command leaves behind as it returns, and a background job that has not yet reached
     # setsid goes with it (a lease lost its round so): return only once the round runs in a session of its own.
-    local waited=0
-    until [ "$(ps -o sid= -p "$(cat /tmp/round.pid)" 2>/dev/null | tr -d ' ')" = "$(cat /tmp/round.pid)" ]; do
-        kill -0 "$(cat /tmp/round.pid)" 2>/dev/null && [ $waited -lt 50 ] || { echo "the round did not start" >&2; exit 1; }
+    until [ "$(ps -o sid= -p "$round" 2>/dev/null | tr -d ' ')" = "$round" ]; do
+        kill -0 "$round" 2>/dev/null && [ $waited -lt 50 ] || { echo "the round did not start" >&2; exit 1; }
         sleep 0.1; waited=$(( waited + 1 ))
     done
     # The fp16 exactness tests on CUDA, beside self-distillation (4 processes on the spare cores) and stopped before
@@ -145,10 +145,8 @@ restore() {
 }
 
 finish() {
-    local end
-    end=$(cat /tmp/end)
-    local pid
-    pid=$(cat /tmp/round.pid)
+    local end pid
+    end=$(cat /tmp/end) pid=$(cat /tmp/round.pid)
     while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt $(( end + 15 )) ]; do sleep 5; done
     kill -- -"$pid" 2>/dev/null || true  # the round's whole session (setsid made its process group too)
     cp /tmp/round.log runs/
