@@ -36,32 +36,47 @@ ROWS = 16  # torch's kernel packs output rows 16 at a time: a matrix with fewer 
 INNER_K_TILES = 2  # the packing's tile width along the input dimension; 2 fits every K that is a multiple of 32
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 RECORD_ROWS = 8  # output rows per record of kernels/q4_matmul.cpp
-# Bytes ahead of its reads at which our kernels ask for a matrix's next weights (0: never). A decode step reads every
-# weight once, from memory; asked for a page or two ahead, the 8-bit lm_head and the 4-bit layers arrive sooner: on
-# the 2-core AMD EPYC Zen 5, AR 168 -> 212 tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked
-# for ahead"). How far ahead pays is the memory system's, so each load measures it (`fastest_ahead`,
-# llama.LeanLlama): AHEAD holds this process's distance, the default until then.
+# How our kernels ask for a matrix's next weights: AHEAD bytes ahead of their reads (0: never), into every cache level
+# where KEEP, else non-temporally (kernels/simd.h, Fetch). A decode step reads every weight once; asked for a page
+# or two ahead, the 8-bit lm_head and the 4-bit layers arrive sooner: on the 2-core AMD EPYC Zen 5, AR 168 -> 212
+# tokens/s (4 KB to 16 KB all alike; docs/benchmarks.md, "Weights asked for ahead"). Kept in the caches, a step
+# finds there what the step before read, where the last-level cache holds the model: on the 2-core Intel Xeon of
+# family 6, model 207 (320 MB of L3), a step's 4-bit products 6.5 -> 3.0 ms. Both are the memory system's, so each
+# load measures them (`fastest_fetch`, llama.LeanLlama): AHEAD and KEEP hold this process's, the defaults until then.
 AHEAD = 8192
-AHEADS = (0, 4096, 8192, 16384)  # the distances measured
+KEEP = False
+FETCHES = ((0, False),) + tuple((ahead, keep) for keep in (False, True) for ahead in (4096, 8192, 16384))
+# Keeping is taken only where it beats the fastest streaming by this share. Where the model does not fit the cache,
+# the two cost the products about the same, and streaming leaves the rest of a cycle's data in the caches: on the
+# Zen 5 EPYC streaming was 1.04-1.06x faster for the drafters' methods than keeping, which the products alone
+# (this measurement) cannot see.
+KEEP_MARGIN = 0.1
 
 
-def fastest_ahead(step: Callable[[], object], repeats: int = 7) -> tuple[int, dict[int, float]]:
-    """The distance of AHEADS at which `step` (a decode step's 4-bit products, one row each) is fastest, and each
-    one's median ms, the distances interleaved in each repeat. Asking ahead changes no number, only the time."""
-    global AHEAD
-    chosen, times = AHEAD, {ahead: [] for ahead in AHEADS}
+def fastest_fetch(step: Callable[[], object], repeats: int = 5) -> tuple[tuple[int, bool], dict[tuple[int, bool],
+                                                                                                 float]]:
+    """The (AHEAD, KEEP) of FETCHES at which `step` (a decode step's 4-bit products, one row each) is fastest,
+    keeping only by KEEP_MARGIN, and each one's median ms, the settings interleaved in each repeat. Each timed step
+    follows an untimed one with the same setting, so it meets the caches as that setting leaves them from step to
+    step (a streaming step right after a keeping one finds the weights kept). How the weights are asked for changes
+    no number, only the time."""
+    global AHEAD, KEEP
+    chosen, times = (AHEAD, KEEP), {fetch: [] for fetch in FETCHES}
     try:
-        for repeat in range(repeats + 1):
-            for ahead in AHEADS[repeat % len(AHEADS):] + AHEADS[: repeat % len(AHEADS)]:
-                AHEAD = ahead
+        for repeat in range(repeats):
+            for fetch in FETCHES[repeat % len(FETCHES):] + FETCHES[: repeat % len(FETCHES)]:
+                AHEAD, KEEP = fetch
+                step()
                 start = time.perf_counter()
                 step()
-                if repeat:  # the first round pays one-time costs
-                    times[ahead].append((time.perf_counter() - start) * 1e3)
+                times[fetch].append((time.perf_counter() - start) * 1e3)
     finally:
-        AHEAD = chosen
-    medians = {ahead: statistics.median(ms) for ahead, ms in times.items()}
-    return min(medians, key=medians.get), medians
+        AHEAD, KEEP = chosen
+    medians = {fetch: statistics.median(ms) for fetch, ms in times.items()}
+    streaming = min((fetch for fetch in medians if not fetch[1]), key=medians.get)
+    keeping = min((fetch for fetch in medians if fetch[1]), key=medians.get)
+    best = keeping if medians[keeping] < (1 - KEEP_MARGIN) * medians[streaming] else streaming
+    return best, medians
 
 
 @lru_cache(maxsize=None)
@@ -136,7 +151,7 @@ class Int4Matrix:
         # A decode step makes 120 of these calls: each Python-level operation skipped here saves about 0.1 ms a step
         rows = x.view(-1, self.in_features) if x.is_contiguous() else x.reshape(-1, self.in_features)
         if self.kernel is not None:
-            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records, AHEAD)
+            y = self.kernel.q4_matmul(rows if rows.dtype == torch.float32 else rows.float(), self.records, AHEAD, KEEP)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP,
                                                            self.scales_and_zeros)
@@ -168,7 +183,7 @@ class Int4Stack:
         if self.kernel is None:
             return torch.stack([m(rows) for m, rows in zip(self.matrices[which], x)])
         out = self.matrices[0].out_features
-        y = self.kernel.q4_matmul(x.float(), self.records[which], AHEAD)
+        y = self.kernel.q4_matmul(x.float(), self.records[which], AHEAD, KEEP)
         return (y if y.shape[-1] == out else y[..., :out]).to(x.dtype) + self.bias[which, None]
 
 
@@ -225,7 +240,7 @@ class Q8Matrix:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self.kernel.q8_matmul(x.reshape(-1, shape[-1]).float(), self.q, self.scale, AHEAD).to(x.dtype)
+        y = self.kernel.q8_matmul(x.reshape(-1, shape[-1]).float(), self.q, self.scale, AHEAD, KEEP).to(x.dtype)
         return y.reshape(*shape[:-1], self.q.shape[0])
 
 

@@ -352,8 +352,8 @@ class LeanLlama(DecoderStack):
             if int4 is not None:
                 self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
                     decoder.layers[0], prefill_file)
-                if self.layers[0].o.kernel is not None:  # our 4-bit kernel: how far ahead it asks for weights
-                    int4_weights.AHEAD = self._fastest_ahead()
+                if self.layers[0].o.kernel is not None:  # our 4-bit kernel: how it asks for weights
+                    int4_weights.AHEAD, int4_weights.KEEP = self.fastest_fetch()[0]
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
                                                                                              *linears))
@@ -412,10 +412,10 @@ class LeanLlama(DecoderStack):
             down=fused("mlp.down_proj"),
         )
 
-    def _fastest_ahead(self) -> int:
-        """`int4.fastest_ahead` over one row through every layer's 4-bit products (a decode step's weights, read
-        from memory), measured at every load: it takes about 0.1 s and changes no number, and the best distance is
-        the host's as much as the processor's (on a 2-core AMD EPYC Zen 5 of the same signature, 8 and 16 KB tied one
+    def fastest_fetch(self) -> tuple[tuple[int, bool], dict[tuple[int, bool], float]]:
+        """`int4.fastest_fetch` over one row through every layer's 4-bit products (a decode step's weights),
+        measured at every load: it takes about 0.3 s and changes no number, and the best setting is the host's as
+        much as the processor's (on a 2-core AMD EPYC Zen 5 of the same signature, 8 and 16 KB tied one
         day, 2.08 ms each; another day 16 KB took 1.50 ms against 1.69 at 8 KB)."""
         hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
         x, y = torch.randn(1, hidden), torch.randn(1, inner)
@@ -425,7 +425,7 @@ class LeanLlama(DecoderStack):
                 layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
 
         with torch.inference_mode():
-            return int4_weights.fastest_ahead(step)[0]
+            return int4_weights.fastest_fetch(step)
 
     def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int,
                                                                                    torch.dtype]:

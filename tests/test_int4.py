@@ -4,7 +4,7 @@ computed alike whatever their number, and greedy speculation that equals this pa
 from __future__ import annotations
 
 import json
-import time
+import types
 
 import numpy as np
 import pytest
@@ -209,40 +209,62 @@ def prefill_choices(target) -> dict:
     return json.loads(prefill_path(target).read_text())
 
 
-def test_how_far_ahead_the_products_ask_for_weights_is_measured_at_every_load(monkeypatch, tmp_path):
-    """The distance is the host's memory system's and changes no number: each load measures it (one row through
-    every layer's 4-bit products at each distance), and no file keeps it."""
+def test_how_the_products_ask_for_weights_is_measured_at_every_load(monkeypatch, tmp_path):
+    """The distance and whether to keep the weights in the caches are the host's memory system's and change no
+    number: each load measures them (one row through every layer's 4-bit products at each setting), and no file
+    keeps them."""
     if int4.q4_matmul() is None:
-        pytest.skip("our 4-bit kernel does not build here (the distance is its argument)")
+        pytest.skip("our 4-bit kernel does not build here (the setting is its argument)")
     monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
     monkeypatch.setattr(int4, "AHEAD", int4.AHEAD)  # restored after the test
+    monkeypatch.setattr(int4, "KEEP", int4.KEEP)
     measured = []
 
-    def fastest(step, repeats=7):
+    def fastest(step, repeats=5):
         step()  # the products it times run
         measured.append(1)
-        return 4096 * len(measured), {ahead: 1.0 for ahead in int4.AHEADS}
+        return (4096 * len(measured), len(measured) == 2), {fetch: 1.0 for fetch in int4.FETCHES}
 
-    monkeypatch.setattr(int4, "fastest_ahead", fastest)
+    monkeypatch.setattr(int4, "fastest_fetch", fastest)
     target = tiny_int4_engine(0).target
-    assert (int4.AHEAD, len(measured)) == (4096, 1)
-    assert "ahead" not in json.loads(prefill_path(target).read_text())
+    assert (int4.AHEAD, int4.KEEP, len(measured)) == (4096, False, 1)
+    assert not {"ahead", "keep"} & set(json.loads(prefill_path(target).read_text()))
     tiny_int4_engine(0)  # a later load measures again
-    assert (int4.AHEAD, len(measured)) == (8192, 2)
+    assert (int4.AHEAD, int4.KEEP, len(measured)) == (8192, True, 2)
 
 
-def test_the_fastest_distance_is_the_one_whose_products_took_least_and_the_setting_is_restored(monkeypatch):
+def timed_fetch(monkeypatch, ms: dict[tuple[int, bool], float]) -> tuple[tuple[int, bool], list]:
+    """`int4.fastest_fetch` over a step that takes `ms[setting]` (3 ms for a setting not named) on a clock of the
+    test's own, so that the host's noise cannot move the choice."""
     monkeypatch.setattr(int4, "AHEAD", 8192)
-    seen = []
+    monkeypatch.setattr(int4, "KEEP", False)
+    now, seen = [0.0], []
+    monkeypatch.setattr(int4, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
     def step():
-        seen.append(int4.AHEAD)
-        time.sleep(0.0005 if int4.AHEAD == 16384 else 0.003)
+        seen.append((int4.AHEAD, int4.KEEP))
+        now[0] += ms.get((int4.AHEAD, int4.KEEP), 3.0) / 1e3
 
-    ahead, medians = int4.fastest_ahead(step, repeats=4)
-    assert ahead == 16384 and min(medians, key=medians.get) == 16384 and set(medians) == set(int4.AHEADS)
-    assert int4.AHEAD == 8192  # the caller sets the distance it chose
-    assert sorted(seen) == sorted(list(int4.AHEADS) * 5)  # every distance in every repeat, the first one untimed
+    best, medians = int4.fastest_fetch(step, repeats=4)
+    assert set(medians) == set(int4.FETCHES)
+    assert (int4.AHEAD, int4.KEEP) == (8192, False)  # the caller sets the setting it chose
+    return best, seen
+
+
+def test_the_fastest_setting_is_the_one_whose_products_took_least_and_the_setting_is_restored(monkeypatch):
+    best, seen = timed_fetch(monkeypatch, {(16384, False): 0.5})
+    assert best == (16384, False)
+    assert sorted(seen) == sorted(list(int4.FETCHES) * 8)  # every setting twice in every repeat, the first untimed
+    assert all(seen[i] == seen[i + 1] for i in range(0, len(seen), 2))  # a timed step follows one of its own
+    assert timed_fetch(monkeypatch, {(4096, True): 0.5})[0] == (4096, True)
+
+
+def test_keeping_the_weights_in_the_caches_must_win_by_the_margin(monkeypatch):
+    """Where keeping saves the products less than KEEP_MARGIN, streaming is kept: it leaves the rest of a cycle's
+    data in the caches, which the products alone do not show."""
+    close = 3.0 * (1 - int4.KEEP_MARGIN / 2)
+    assert timed_fetch(monkeypatch, {(8192, True): close})[0][1] is False
+    assert timed_fetch(monkeypatch, {(8192, True): 1.5})[0] == (8192, True)
 
 
 def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):

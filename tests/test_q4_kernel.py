@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gumiho import int4, kernels
-from gumiho.int4 import AHEAD, GROUP, Int4Matrix, Int4Stack, q4_records, unpack_records
+from gumiho.int4 import AHEAD, GROUP, KEEP, Int4Matrix, Int4Stack, q4_records, unpack_records
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
 
@@ -59,14 +59,15 @@ def test_products_follow_their_definition_and_rows_do_not_depend_on_their_number
     records = q4_records(q, d, m)
     x = torch.randn(19, 6 * GROUP, generator=torch.Generator().manual_seed(2))
     x[3, :GROUP] = 0  # a block of zeros: dx = 0, no division by zero
-    y = kernel.q4_matmul(x, records, AHEAD)[:, :100]
+    y = kernel.q4_matmul(x, records, AHEAD, KEEP)[:, :100]
     expected = defined_product(x, q, d, m)
     assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     for rows in range(1, 20):  # 1 to 19 rows: every tile of up to eight rows, and remainders
-        assert torch.equal(kernel.q4_matmul(x[:rows], records, AHEAD)[:, :100], y[:rows])
+        assert torch.equal(kernel.q4_matmul(x[:rows], records, AHEAD, KEEP)[:, :100], y[:rows])
     for i in range(19):
-        assert torch.equal(kernel.q4_matmul(x[i : i + 1], records, AHEAD)[0, :100], y[i])
-    assert torch.equal(kernel.q4_matmul(x, records, 0)[:, :100], y)  # asking for weights ahead changes no number
+        assert torch.equal(kernel.q4_matmul(x[i : i + 1], records, AHEAD, KEEP)[0, :100], y[i])
+    for ahead, keep in int4.FETCHES:  # how the weights are asked for changes no number
+        assert torch.equal(kernel.q4_matmul(x, records, ahead, keep)[:, :100], y)
 
 
 def test_the_8bit_activations_cost_little_against_fp32_products(kernel):
@@ -152,4 +153,5 @@ def test_the_512_bit_build_equals_the_256_bit_one_bit_for_bit(kernel, monkeypatc
     records = q4_records(q, d, m)
     x = torch.randn(19, 6 * GROUP, generator=torch.Generator().manual_seed(7))
     for rows in (1, 2, 5, 8, 19):
-        assert torch.equal(kernel.q4_matmul(x[:rows], records, AHEAD), narrow.q4_matmul(x[:rows], records, AHEAD))
+        assert torch.equal(kernel.q4_matmul(x[:rows], records, AHEAD, KEEP),
+                           narrow.q4_matmul(x[:rows], records, AHEAD, KEEP))

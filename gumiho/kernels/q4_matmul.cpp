@@ -161,15 +161,15 @@ inline void dots(const typename L::I w[8], const int8_t* xq, int64_t K, typename
 // same operations whatever the width, so both widths give the same numbers bit for bit.
 template <typename L, int R>
 void record_rows(const uint8_t* records, int64_t next, int64_t blocks, const int8_t* xq, const float* dx,
-                 const float* sx, int64_t K, float* out, int64_t N, int64_t ahead) {
+                 const float* sx, int64_t K, float* out, int64_t N, Fetch fetch) {
     typename L::F acc[R];
     for (int r = 0; r < R; ++r) acc[r] = L::fzero();
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* rec = records + b * RECORD;
-        if (ahead) {
+        if (fetch) {
             for (int64_t line = 0; line < RECORD; line += 64) {
-                fetch(rec + ahead + line);
-                if (next) fetch(rec + next + ahead + line);
+                fetch(rec + line);
+                if (next) fetch(rec + next + line);
             }
         }
         const typename L::F d = L::halves(rec, next), m = L::halves(rec + 16, next);
@@ -194,7 +194,7 @@ struct Lanes8 {};  // plain C++: one record at a time
 
 template <typename L, int R>
 void record_rows(const uint8_t* records, int64_t, int64_t blocks, const int8_t* xq, const float* dx, const float* sx,
-                 int64_t K, float* out, int64_t N, int64_t) {
+                 int64_t K, float* out, int64_t N, Fetch) {
     for (int r = 0; r < R; ++r) {
         float acc[OUTS] = {0.f};
         for (int64_t b = 0; b < blocks; ++b) {
@@ -226,8 +226,9 @@ void record_rows(const uint8_t* records, int64_t, int64_t blocks, const int8_t* 
 
 // x [M, K] fp32 and records uint8 [N / 8, K / 32 * 160] (int4.py `q4_records`): returns x @ W.T, [M, N] fp32.
 // Batched: x [B, M, K] and records [B, N / 8, K / 32 * 160], matrix b for rows b (a stack of heads in one call).
-// `ahead`: bytes ahead of its reads at which the records are asked for (simd.h's fetch; 0: never).
-torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead) {
+// `ahead`: bytes ahead of its reads at which the records are asked for (0: never); `keep`: into every cache level,
+// else non-temporally (simd.h's Fetch).
+torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead, bool keep) {
     TORCH_CHECK(x.scalar_type() == torch::kFloat && records.scalar_type() == torch::kByte,
                 "q4_matmul: x fp32, records uint8");
     TORCH_CHECK(x.dim() == records.dim() && (x.dim() == 2 || x.dim() == 3),
@@ -257,6 +258,7 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead) {
     constexpr int64_t SPAN = 1;
 #endif
     const int64_t spans = (groups + SPAN - 1) / SPAN;
+    const Fetch fetch{ahead, keep};
     at::parallel_for(0, B * spans, 8 / SPAN, [&](int64_t begin, int64_t end) {
         for (int64_t unit = begin; unit < end; ++unit) {
             const int64_t b = unit / spans, g = unit % spans * SPAN, width = std::min(SPAN, groups - g);
@@ -270,13 +272,13 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead) {
                 if (width == 2) {
                     with_rows(rows, [&](auto R) {  // the next group's records follow this group's
                         record_rows<Lanes16, decltype(R)::value>(rec, blocks * RECORD, blocks, xr, dp + at, sp + at,
-                                                                 K, o, N, ahead);
+                                                                 K, o, N, fetch);
                     });
                     continue;
                 }
 #endif
                 with_rows(rows, [&](auto R) {
-                    record_rows<Lanes8, decltype(R)::value>(rec, 0, blocks, xr, dp + at, sp + at, K, o, N, ahead);
+                    record_rows<Lanes8, decltype(R)::value>(rec, 0, blocks, xr, dp + at, sp + at, K, o, N, fetch);
                 });
             }
         }

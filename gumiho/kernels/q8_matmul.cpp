@@ -40,7 +40,7 @@ inline __m256i lane_dots(__m256i a, __m256i b) {
 // out[r * N + v] = x[r] . W[v] for v in [v0, v1), ROWS input rows already rounded (xq [ROWS, K], dx [ROWS, K / 32]).
 template <int ROWS>
 void rows_times_blocks(const int8_t* xq, const float* dx, int64_t K, const int8_t* q, const float* d, int64_t v0,
-                       int64_t v1, float* out, int64_t N, int64_t ahead) {
+                       int64_t v1, float* out, int64_t N, Fetch fetch) {
     const int64_t blocks = K / BLOCK;
     for (int64_t v = v0; v < v1; ++v) {
         const int8_t* qv = q + v * K;
@@ -49,7 +49,7 @@ void rows_times_blocks(const int8_t* xq, const float* dx, int64_t K, const int8_
         __m256 acc[ROWS];
         for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; ++b) {
-            if (ahead) fetch(qv + b * BLOCK + ahead);
+            if (fetch) fetch(qv + b * BLOCK);
             const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + b * BLOCK));
             const __m256i magnitude = _mm256_abs_epi8(w);
             for (int r = 0; r < ROWS; ++r) {
@@ -84,7 +84,7 @@ void rows_times_blocks(const int8_t* xq, const float* dx, int64_t K, const int8_
 // the 256-bit build's bit for bit, with about half the instructions per input row.
 template <int ROWS>
 void rows_times_block_pairs(const int8_t* xq, const float* dx, int64_t K, const int8_t* q, const float* d,
-                            int64_t v0, int64_t v1, float* out, int64_t N, int64_t ahead) {
+                            int64_t v0, int64_t v1, float* out, int64_t N, Fetch fetch) {
     const int64_t blocks = K / BLOCK;
     for (int64_t v = v0; v < v1; v += 2) {
         const int8_t* qv = q + v * K;
@@ -92,9 +92,9 @@ void rows_times_block_pairs(const int8_t* xq, const float* dx, int64_t K, const 
         __m512 acc[ROWS];
         for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
         for (int64_t b = 0; b < blocks; ++b) {
-            if (ahead) {
-                fetch(qv + b * BLOCK + ahead);
-                fetch(qv + K + b * BLOCK + ahead);
+            if (fetch) {
+                fetch(qv + b * BLOCK);
+                fetch(qv + K + b * BLOCK);
             }
             const __m512i w = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + b * BLOCK))),
@@ -124,8 +124,9 @@ void rows_times_block_pairs(const int8_t* xq, const float* dx, int64_t K, const 
 }  // namespace
 
 // x [M, K] fp32; q int8 [N, K]; d fp32 [N, K / 32]. Returns x @ (d * q).T, [M, N] fp32, x rounded per block.
-// `ahead`: bytes ahead of its reads at which a row's weights are asked for (simd.h's fetch; 0: never).
-torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64_t ahead) {
+// `ahead`: bytes ahead of its reads at which a row's weights are asked for (0: never); `keep`: into every cache
+// level, else non-temporally (simd.h's Fetch).
+torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64_t ahead, bool keep) {
     TORCH_CHECK(x.scalar_type() == torch::kFloat && q.scalar_type() == torch::kChar && d.scalar_type() == torch::kFloat,
                 "q8_matmul: x fp32, q int8, d fp32");
     TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && d.dim() == 2, "q8_matmul: 2-D tensors only");
@@ -143,6 +144,7 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64
     const int8_t* qp = q.data_ptr<int8_t>();
     const float* dp = d.data_ptr<float>();
     float* op = out.data_ptr<float>();
+    const Fetch fetch{ahead, keep};
     at::parallel_for(0, N, 512, [&](int64_t v0, int64_t v1) {
         for (int64_t m = 0; m < M; m += MAX_ROWS) {
             const int8_t* xm = xq.data() + m * K;
@@ -153,11 +155,11 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64
 #ifdef GUMIHO_Q8_PAIRS
             start = v0 + (v1 - v0) / 2 * 2;  // the pairs, then an odd output left over (256-bit code)
             with_rows(rows, [&](auto R) {
-                rows_times_block_pairs<decltype(R)::value>(xm, dm, K, qp, dp, v0, start, om, N, ahead);
+                rows_times_block_pairs<decltype(R)::value>(xm, dm, K, qp, dp, v0, start, om, N, fetch);
             });
 #endif
             with_rows(rows, [&](auto R) {
-                rows_times_blocks<decltype(R)::value>(xm, dm, K, qp, dp, start, v1, om, N, ahead);
+                rows_times_blocks<decltype(R)::value>(xm, dm, K, qp, dp, start, v1, om, N, fetch);
             });
         }
     });
