@@ -35,6 +35,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PREFILL_ROWS = (64, 256)  # on the int4 path a prompt this long may take the float weights: the products are timed
 # at these row counts (LeanLlama._fastest_prefill), and a prompt takes them from the crossing point on
 PREFILL_DTYPES = (torch.float32, torch.bfloat16)  # the float weights' dtypes a long prompt's prefill may take
+PREFILL_REPEATS = 7  # timings of each candidate and row count behind the prefill choice
 ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
 
@@ -449,30 +450,36 @@ class LeanLlama(DecoderStack):
     def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, torch.dtype]:
         """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of
         PREFILL_ROWS rows, and from how many rows it beats the 4-bit ones (where the two times, taken as linear in
-        the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of 5).
+        the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of
+        PREFILL_REPEATS).
         On the 2-core Zen 4 EPYC the 8-bit-activation kernel beats bf16 at 64 rows (58.6 against 72.5 ms for a
         whole prefill) and loses at 256 (314 against 227) and 800 (1,142 against 889): the crossing is near 90
-        rows. On the AVX2 EPYC, with torch's kernel, fp32 took half the 4-bit time at 64 rows."""
+        rows. On the AVX2 EPYC, with torch's kernel, fp32 took half the 4-bit time at 64 rows. The candidates take
+        turns within each repeat, so that a slow spell of the host cannot decide alone: timed one after another, the
+        first load on the 2-core Intel Xeon with AMX chose 4 bits at every length, where bf16 measured 2.1 ms
+        against 5.1 at 256 rows afterwards (the cause not known)."""
         hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
+        inputs = {rows: (torch.randn(rows, hidden), torch.randn(rows, inner)) for rows in PREFILL_ROWS}
 
-        def median_s(layer: LayerWeights, rows: int) -> float:
-            x, y = torch.randn(rows, hidden), torch.randn(rows, inner)
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
-                times.append(time.perf_counter() - start)
-            return statistics.median(times)
+        def seconds(layer: LayerWeights, rows: int) -> float:
+            x, y = inputs[rows]
+            start = time.perf_counter()
+            layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
+            return time.perf_counter() - start
 
         candidates: dict[torch.dtype | None, LayerWeights] = {None: self.layers[0]}
         for dtype in PREFILL_DTYPES:
             candidates[dtype] = self._layer("model.layers.0", first,
                                             lambda names, *linears, d=dtype: self._float_for_prefill(d, *linears))
+        samples = {(dtype, rows): [] for dtype in candidates for rows in PREFILL_ROWS}
         with torch.inference_mode():
-            for layer in candidates.values():
-                median_s(layer, PREFILL_ROWS[0])  # first calls pay one-time costs
-            times = {dtype: tuple(median_s(layer, rows) for rows in PREFILL_ROWS)
-                     for dtype, layer in candidates.items()}
+            for dtype, rows in samples:  # first calls pay one-time costs (oneDNN makes a kernel per shape)
+                seconds(candidates[dtype], rows)
+            for _ in range(PREFILL_REPEATS):  # interleaved, so that a slow spell of the host hits every candidate
+                for (dtype, rows), taken in samples.items():
+                    taken.append(seconds(candidates[dtype], rows))
+            times = {dtype: tuple(statistics.median(samples[(dtype, rows)]) for rows in PREFILL_ROWS)
+                     for dtype in candidates}
             dtype, start = prefill_choice(times)
             return dtype, start, self._fastest_causal_attention() if dtype is not None else torch.float32
 
