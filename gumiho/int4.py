@@ -45,7 +45,8 @@ RECORD_ROWS = 8  # output rows per record of kernels/q4_matmul.cpp
 # load measures them (`fastest_fetch`, llama.LeanLlama): AHEAD and KEEP hold this process's, the defaults until then.
 AHEAD = 8192
 KEEP = False
-FETCHES = ((0, False),) + tuple((ahead, keep) for keep in (False, True) for ahead in (4096, 8192, 16384))
+FetchSetting = tuple[int, bool]  # (AHEAD, KEEP)
+FETCHES: tuple[FetchSetting, ...] = ((0, False),) + tuple((ahead, keep) for keep in (False, True) for ahead in (4096, 8192, 16384))
 # Keeping is taken only where it beats the fastest streaming by this share. Where the model does not fit the cache,
 # the two cost the products about the same, and streaming leaves the rest of a cycle's data in the caches: on the
 # Zen 5 EPYC streaming was 1.04-1.06x faster for the drafters' methods than keeping, which the products alone
@@ -53,8 +54,7 @@ FETCHES = ((0, False),) + tuple((ahead, keep) for keep in (False, True) for ahea
 KEEP_MARGIN = 0.1
 
 
-def fastest_fetch(step: Callable[[], object], repeats: int = 5) -> tuple[tuple[int, bool], dict[tuple[int, bool],
-                                                                                                 float]]:
+def fastest_fetch(step: Callable[[], object], repeats: int = 5) -> tuple[FetchSetting, dict[FetchSetting, float]]:
     """The (AHEAD, KEEP) of FETCHES at which `step` (a decode step's 4-bit products, one row each) is fastest,
     keeping only by KEEP_MARGIN, and each one's median ms, the settings interleaved in each repeat. Each timed step
     follows an untimed one with the same setting, so it meets the caches as that setting leaves them from step to

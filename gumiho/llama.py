@@ -413,9 +413,9 @@ class LeanLlama(DecoderStack):
             down=fused("mlp.down_proj"),
         )
 
-    def fastest_fetch(self) -> tuple[tuple[int, bool], dict[tuple[int, bool], float]]:
+    def fastest_fetch(self) -> tuple[int4_weights.FetchSetting, dict[int4_weights.FetchSetting, float]]:
         """`int4.fastest_fetch` over one row through every layer's 4-bit products (a decode step's weights),
-        measured at every load: it takes about 0.3 s and changes no number, and the best setting is the host's as
+        measured at every load: it takes about 0.4 s and changes no number, and the best setting is the host's as
         much as the processor's (on a 2-core AMD EPYC Zen 5 of the same signature, 8 and 16 KB tied one
         day, 2.08 ms each; another day 16 KB took 1.50 ms against 1.69 at 8 KB)."""
         hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
