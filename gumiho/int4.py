@@ -79,6 +79,14 @@ def fastest_fetch(step: Callable[[], object], repeats: int = 5) -> tuple[FetchSe
     return best, medians
 
 
+def fetch_text(fetch: FetchSetting) -> str:
+    """How the 4-bit products ask for their weights, in the words of the bench's reports."""
+    ahead, keep = fetch
+    if not ahead:
+        return "weights not asked for ahead"
+    return f"weights {'kept in the caches' if keep else 'streamed'}, asked for {ahead // 1024} KB ahead"
+
+
 @lru_cache(maxsize=None)
 def torch_int4_available() -> bool:
     """Whether this torch has the CPU int4 weight-only kernel (tried once on a small matrix)."""

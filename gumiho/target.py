@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from .errors import GumihoError
 from .gguf_blocks import q4_1_blocks
+from . import int4 as int4_weights
 from .int4 import CastMatrix, Int4Matrix, Q8Matrix, int4_available, quantize_linears
 from .kernels import q8_matmul
 from .drafters.base import FeatureDrafter
@@ -203,6 +204,14 @@ class Target:
         """'row-consistent' where decode steps and trees take kernels/attention.cpp (each row computed as a
         one-token step would be), else 'sdpa'."""
         return "row-consistent" if self._lean is not None and self._lean.row_attention is not None else "sdpa"
+
+    @property
+    def fetch(self) -> str:
+        """How our 4-bit kernel asks for its weights, as measured at load (int4.fastest_fetch); '' off that kernel."""
+        lean = self._lean
+        if lean is None or lean.int4 is None or lean.layers[0].o.kernel is None:
+            return ""
+        return int4_weights.fetch_text((int4_weights.AHEAD, int4_weights.KEEP))
 
     @property
     def precision(self) -> str:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gumiho import int4
+from gumiho.bench.machine import describe
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
 from gumiho.llama import PREFILL_ROWS, LeanLlama
@@ -229,8 +230,14 @@ def test_how_the_products_ask_for_weights_is_measured_at_every_load(monkeypatch,
     target = tiny_int4_engine(0).target
     assert (int4.AHEAD, int4.KEEP, len(measured)) == (4096, False, 1)
     assert not {"ahead", "keep"} & set(json.loads(prefill_path(target).read_text()))
-    tiny_int4_engine(0)  # a later load measures again
+    assert target.fetch == "weights streamed, asked for 4 KB ahead"
+    target = tiny_int4_engine(0).target  # a later load measures again
     assert (int4.AHEAD, int4.KEEP, len(measured)) == (8192, True, 2)
+    # The bench's reports name the setting the run had.
+    machine = describe(target.device, target.dtype, target.pack, target.forward, target.int4, target.fetch)
+    assert machine["fetch"] == "weights kept in the caches, asked for 8 KB ahead"
+    assert machine["description"].endswith(", weights kept in the caches, asked for 8 KB ahead")
+    assert int4.fetch_text((0, False)) == "weights not asked for ahead"
 
 
 def timed_fetch(monkeypatch, ms: dict[tuple[int, bool], float]) -> tuple[tuple[int, bool], list]:

@@ -221,7 +221,7 @@ def execute(engine, args: argparse.Namespace, argv: list[str], settings: BenchSe
         "command": "python -m gumiho bench " + shlex.join(a for a in argv if a != "--resume"),
         "duration_s": round(journal.duration_s(), 1),
         "segments": journal.segments(),
-        "machine": describe(target.device, target.dtype, target.pack, target.forward, target.int4),
+        "machine": describe(target.device, target.dtype, target.pack, target.forward, target.int4, target.fetch),
         "load": load.summary(torch.get_num_threads(), earlier=journal.earlier_load()),
         "model": target.name,
         "drafters": dict(engine.drafter_names),

@@ -33,8 +33,8 @@ def _memory_gib() -> float | None:
 
 
 def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forward: str = "lean",
-             int4: bool = False) -> dict:
-    """The machine and the execution path a run used (`pack`, `forward`, `int4`: the target's)."""
+             int4: bool = False, fetch: str = "") -> dict:
+    """The machine and the execution path a run used (`pack`, `forward`, `int4`, `fetch`: the target's)."""
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
     packed = pack and not int4 and device.type == "cpu" and packs(dtype)
@@ -50,10 +50,12 @@ def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forwar
                        f"{precision}, {forward} forward")
         if packed:
             description += ", oneDNN-packed matmuls"
+        if fetch:
+            description += f", {fetch}"
     return {"description": description, "device": device.type, "device_name": name, "cpu": cpu_name(),
             "cores": cores, "threads": threads, "memory_gib": _memory_gib(),
             "dtype": "int4" if int4 else str(dtype),
-            "packed_matmuls": packed, "forward": forward, "cpu_features": features,
+            "packed_matmuls": packed, "forward": forward, "fetch": fetch, "cpu_features": features,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 
