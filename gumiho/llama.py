@@ -353,7 +353,7 @@ class LeanLlama(DecoderStack):
             if int4 is not None:
                 self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
                     decoder.layers[0], prefill_file)
-                if self.layers[0].o.kernel is not None:  # our 4-bit kernel: how it asks for weights
+                if self.fetches:
                     int4_weights.AHEAD, int4_weights.KEEP = self.fastest_fetch()[0]
             if self.prefill_dtype is not None:
                 self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
@@ -412,6 +412,11 @@ class LeanLlama(DecoderStack):
             gate_up=fused("mlp.gate_proj", "mlp.up_proj"),
             down=fused("mlp.down_proj"),
         )
+
+    @property
+    def fetches(self) -> bool:
+        """Whether the products are our 4-bit kernel's, which asks for its weights ahead (int4.AHEAD and KEEP)."""
+        return self.int4 is not None and self.layers[0].o.kernel is not None
 
     def fastest_fetch(self) -> tuple[int4_weights.FetchSetting, dict[int4_weights.FetchSetting, float]]:
         """`int4.fastest_fetch` over one row through every layer's 4-bit products (a decode step's weights),

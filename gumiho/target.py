@@ -208,8 +208,7 @@ class Target:
     @property
     def fetch(self) -> str:
         """How our 4-bit kernel asks for its weights, as measured at load (int4.fastest_fetch); '' off that kernel."""
-        lean = self._lean
-        if lean is None or lean.int4 is None or lean.layers[0].o.kernel is None:
+        if self._lean is None or not self._lean.fetches:
             return ""
         return int4_weights.fetch_text((int4_weights.AHEAD, int4_weights.KEEP))
 
