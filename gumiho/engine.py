@@ -25,6 +25,7 @@ from .errors import GumihoError
 from .kv import keep_accepted
 from .node_probs import NodeChecks
 from .sampling import SamplingConfig, pick
+from .short_match import ShortMatchSwitch
 from .sizing import Calibration, Sizer
 from .target import Target
 from .trace import METHODS, CycleTrace, GenerationTrace, JointCheck, RunSettings, TraceNode, TracePath
@@ -145,6 +146,15 @@ class Run:
         self.lookup = (weight_free("lookup", engine.target.model.config)
                        if self.lookup_tree or self.branch_tree else None)
         self.lookup_sizer = Sizer(cost.cycle_ms, cost.head_together) if sized and self.lookup else None
+        # Matches one token shorter than the switch's: lookup's tree where it promises more tokens a millisecond
+        # than the drafter's path has given (short_match.py). Sized trees only, and not where nothing is drafted.
+        self.near_tree = (replace(self.lookup_tree, min_ngram=self.lookup_tree.min_ngram - 1)
+                          if self.lookup_tree and self.lookup_tree.min_ngram > 1 and self.lookup_sizer
+                          and self.drafter is not None and self.branch_tree is None else None)
+        self.short_match = (ShortMatchSwitch(cost, cost.draft_at(method, tree.top_k, tree.total_tokens),
+                                             tree.total_tokens)
+                            if self.near_tree and method in cost.draft_ms else None)
+        self._drafter_path: bool | None = None  # this cycle: None switched to lookup, else whether it drafted
         self.calibrations: dict[int, Calibration] = {}  # a merged tree's, by the sources of a node (bit mask)
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._stop = False
@@ -194,19 +204,30 @@ class Run:
         calibration) and the accepted length it expects."""
         device = self.engine.target.device
         room = self.engine.target.max_context - kv
+        self._drafter_path = None
         if self.lookup is not None:
             self.lookup.extend(tokens)
             pool = self.lookup.candidates(self.lookup_tree, device) if self.lookup_tree else DraftPool()
+            chosen = None
+            if not pool.size and self.short_match is not None:
+                near = self.lookup.candidates(self.near_tree, device)
+                if near.size:
+                    n, expected = self.lookup_sizer.choose(near, min(self.lookup_tree.total_tokens, room), kv)
+                    if self.short_match.prefers_lookup(n, expected, kv):
+                        pool, chosen = near, (n, expected)
             if pool.size:
                 if self.drafter is not None:
                     self._waiting.append((features, tokens))
-                return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv, self.lookup_sizer)
+                return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv, self.lookup_sizer,
+                                   chosen)
         if self.drafter is None:
             return build_tree(root, DraftPool(), 1, device), DraftPool(), None, None
         most = min(self.tree.total_tokens, room)
+        self._drafter_path = False
         if self.sizer and not self.branch_tree and (first := self.drafter.first_score(root)) is not None \
                 and not self.sizer.could_pay(first, most, kv):  # no tree could pay: a plain step, undrafted
             return build_tree(root, DraftPool(), 1, device), DraftPool(), None, 0.0
+        self._drafter_path = True
         if self._waiting:
             features = torch.cat([f for f, _ in self._waiting] + [features])
             tokens = torch.cat([t for _, t in self._waiting] + [tokens])
@@ -221,9 +242,10 @@ class Run:
             tree, pool, learn, expected = self._sized(root, pool, most, kv, self.sizer)
         return (tree.with_fta() if self.trace.settings.fta_applied else tree), pool, learn, expected
 
-    def _sized(self, root: int, pool: DraftPool, most: int, kv: int,
-               sizer: Sizer | None) -> tuple[DraftTree, DraftPool, Learn | None, float | None]:
-        n, expected = sizer.choose(pool, most, kv) if sizer else (most, None)
+    def _sized(self, root: int, pool: DraftPool, most: int, kv: int, sizer: Sizer | None,
+               chosen: tuple[int, float] | None = None) -> tuple[DraftTree, DraftPool, Learn | None, float | None]:
+        """The tree of the n best nodes of `pool`, n from `sizer` (or `chosen` already), else `most`."""
+        n, expected = chosen or (sizer.choose(pool, most, kv) if sizer else (most, None))
         tree = build_tree(root, pool, n, self.engine.target.device)
         learn = (lambda hits: sizer.learn(tree.scores[1:], hits)) if sizer else None
         return tree, pool, learn, expected
@@ -320,6 +342,8 @@ class Run:
             keep_accepted(cache, prefix_len, nodes)
             accepted_tokens = tree.tokens[nodes[1:]].tolist()
             emitted, reason = self._cut(accepted_tokens + [acceptance.bonus], len(output))
+            if self.short_match is not None and self._drafter_path is not None:
+                self.short_match.record(tree.size, len(accepted_tokens), prefix_len, self._drafter_path)
             output.extend(emitted)
             new_features, new_tokens = features[nodes], torch.tensor(emitted, device=device)
             root = acceptance.bonus
