@@ -154,6 +154,9 @@ class Run:
         self.short_match = (ShortMatchSwitch(cost, cost.draft_at(method, tree.top_k, tree.total_tokens),
                                              tree.total_tokens)
                             if self.near_tree and method in cost.draft_ms else None)
+        # Their trees have a calibration of their own: a short match's continuation is right less often than a longer
+        # one's on some texts (MT-Bench) and as often on others (GSM8K).
+        self.near_sizer = Sizer(cost.cycle_ms, cost.head_together) if self.short_match else None
         self._drafter_path: bool | None = None  # this cycle: None switched to lookup, else whether it drafted
         self.calibrations: dict[int, Calibration] = {}  # a merged tree's, by the sources of a node (bit mask)
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -212,14 +215,14 @@ class Run:
             if not pool.size and self.short_match is not None:
                 near = self.lookup.candidates(self.near_tree, device)
                 if near.size:
-                    n, expected = self.lookup_sizer.choose(near, min(self.lookup_tree.total_tokens, room), kv)
+                    n, expected = self.near_sizer.choose(near, min(self.lookup_tree.total_tokens, room), kv)
                     if self.short_match.prefers_lookup(n, expected, kv):
                         pool, chosen = near, (n, expected)
             if pool.size:
                 if self.drafter is not None:
                     self._waiting.append((features, tokens))
-                return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv, self.lookup_sizer,
-                                   chosen)
+                return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv,
+                                   self.near_sizer if chosen else self.lookup_sizer, chosen)
         if self.drafter is None:
             return build_tree(root, DraftPool(), 1, device), DraftPool(), None, None
         most = min(self.tree.total_tokens, room)

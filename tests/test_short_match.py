@@ -75,6 +75,8 @@ def test_the_rule_runs_in_sized_trees_that_draft_without_branches_only():
         return engine.run("", method, GenerationConfig(tree=tree), prompt_ids=ids).short_match
 
     assert isinstance(rule(FIRST_LEVEL), ShortMatchSwitch) and isinstance(rule(FIRST_LEVEL, "eagle2"), ShortMatchSwitch)
+    run = engine.run("", "gumiho", GenerationConfig(tree=FIRST_LEVEL), prompt_ids=ids)
+    assert run.near_sizer is not None and run.near_sizer is not run.lookup_sizer  # short matches calibrate apart
     assert rule(replace(FIRST_LEVEL, sized=False)) is None  # a fixed tree
     assert rule(replace(FIRST_LEVEL, lookup_branches=1)) is None  # short matches are branches already
     assert rule(replace(FIRST_LEVEL, lookup_merge=1)) is None  # no shorter match than the switch's
