@@ -148,15 +148,12 @@ class Run:
         self.lookup_sizer = Sizer(cost.cycle_ms, cost.head_together) if sized and self.lookup else None
         # Matches one token shorter than the switch's: lookup's tree where it promises more tokens a millisecond
         # than the drafter's path has given (short_match.py). Sized trees only, and not where nothing is drafted.
-        self.near_tree = (replace(self.lookup_tree, min_ngram=self.lookup_tree.min_ngram - 1)
-                          if self.lookup_tree and self.lookup_tree.min_ngram > 1 and self.lookup_sizer
-                          and self.drafter is not None and self.branch_tree is None else None)
-        self.short_match = (ShortMatchSwitch(cost, cost.draft_at(method, tree.top_k, tree.total_tokens),
-                                             tree.total_tokens)
-                            if self.near_tree and method in cost.draft_ms else None)
-        # Their trees have a calibration of their own: a short match's continuation is right less often than a longer
-        # one's on some texts (MT-Bench) and as often on others (GSM8K).
-        self.near_sizer = Sizer(cost.cycle_ms, cost.head_together) if self.short_match else None
+        near = (replace(self.lookup_tree, min_ngram=self.lookup_tree.min_ngram - 1)
+                if self.lookup_tree and self.lookup_tree.min_ngram > 1 and self.lookup_sizer
+                and self.drafter is not None and self.branch_tree is None else None)
+        self.short_match = (ShortMatchSwitch(near, Sizer(cost.cycle_ms, cost.head_together), cost,
+                                             cost.draft_at(method, tree.top_k, tree.total_tokens), tree.total_tokens)
+                            if near and method in cost.draft_ms else None)
         self._drafter_path: bool | None = None  # this cycle: None switched to lookup, else whether it drafted
         self.calibrations: dict[int, Calibration] = {}  # a merged tree's, by the sources of a node (bit mask)
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -212,17 +209,18 @@ class Run:
             self.lookup.extend(tokens)
             pool = self.lookup.candidates(self.lookup_tree, device) if self.lookup_tree else DraftPool()
             chosen = None
-            if not pool.size and self.short_match is not None:
-                near = self.lookup.candidates(self.near_tree, device)
+            short = self.short_match
+            if not pool.size and short is not None:
+                near = self.lookup.candidates(short.tree, device)
                 if near.size:
-                    n, expected = self.near_sizer.choose(near, min(self.lookup_tree.total_tokens, room), kv)
-                    if self.short_match.prefers_lookup(n, expected, kv):
+                    n, expected = short.sizer.choose(near, min(self.lookup_tree.total_tokens, room), kv)
+                    if short.prefers_lookup(n, expected, kv):
                         pool, chosen = near, (n, expected)
             if pool.size:
                 if self.drafter is not None:
                     self._waiting.append((features, tokens))
                 return self._sized(root, pool, min(self.lookup_tree.total_tokens, room), kv,
-                                   self.near_sizer if chosen else self.lookup_sizer, chosen)
+                                   short.sizer if chosen else self.lookup_sizer, chosen)
         if self.drafter is None:
             return build_tree(root, DraftPool(), 1, device), DraftPool(), None, None
         most = min(self.tree.total_tokens, room)

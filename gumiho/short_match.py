@@ -6,8 +6,9 @@ matches the longest match's continuation was right 47% / 71% of the time on CNN/
 drafter's 36% / 58%, and 42% / 25% on MT-Bench / Alpaca against its 53% / 67% (teacher-forced; docs/benchmarks.md).
 And a match's continuation can be verified several tokens deep where the CPU's first-level trees emit at most two
 tokens a cycle. So at such a match the run compares rates, tokens emitted per millisecond of the machine profile's
-costs: lookup's sized tree, its expected accepted length read from lookup's calibration (sizing.py), against what the
-run's cycles on the drafter's path have emitted so far for their modelled cost (verification and draft). The drafter's
+costs: lookup's sized tree, its expected accepted length read from a calibration of these trees' own (a 2-token
+match's continuation is right less often than a 3-token one's on some texts; sizing.py), against what the run's
+cycles on the drafter's path have emitted so far for their modelled cost (verification and draft). The drafter's
 rate starts from PRIOR_CYCLES cycles that each emit the most a 2-token tree can, so a run starts as it would without
 the rule.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .profile import PathCost
+from .sizing import Sizer
+from .tree import TreeSettings
 
 PRIOR_CYCLES = 2.0
 PRIOR_EMITTED = 2.0  # tokens a cycle of the prior emits: a 2-token tree's draft token and the bonus
@@ -25,9 +28,11 @@ PRIOR_KV = 256  # the cached tokens the prior's cycles are priced at
 
 @dataclass
 class ShortMatchSwitch:
-    """One run's rule. `cost`: the path's costs; `draft_ms`: a draft call of the drafter's tree; `size`: its tree's
-    most tokens."""
+    """One run's rule. `tree`: prompt lookup's settings at the short matches; `sizer`: their trees' own; `cost`: the
+    path's costs; `draft_ms`: a draft call of the drafter's tree; `size`: its tree's most tokens."""
 
+    tree: TreeSettings
+    sizer: Sizer
     cost: PathCost
     draft_ms: float
     size: int

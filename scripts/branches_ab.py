@@ -40,7 +40,7 @@ def main() -> None:
     def init(self, *args, **kwargs):
         run_init(self, *args, **kwargs)
         if not short_matches[0]:
-            self.near_tree, self.short_match = None, None
+            self.short_match = None
 
     loop.Run.__init__ = init
 

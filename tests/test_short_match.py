@@ -10,6 +10,7 @@ import torch
 from gumiho.engine import GenerationConfig
 from gumiho.profile import KV_LENGTHS, SIZES, ExecPath, PathCost
 from gumiho.short_match import PRIOR_CYCLES, PRIOR_EMITTED, ShortMatchSwitch
+from gumiho.sizing import Sizer
 from gumiho.tree import TreeSettings
 
 from .test_sizing import sized_engine
@@ -23,9 +24,13 @@ def cost() -> PathCost:
                     draft_ms={"gumiho": {2: 4.0}, "eagle2": {2: 3.0}})
 
 
+def switch_for(path: PathCost) -> ShortMatchSwitch:
+    return ShortMatchSwitch(replace(FIRST_LEVEL, min_ngram=2), Sizer(path.cycle_ms), path, draft_ms=4.0, size=3)
+
+
 def test_lookups_tree_is_taken_where_it_promises_more_tokens_a_millisecond_than_the_drafters_path():
     path = cost()
-    switch = ShortMatchSwitch(path, draft_ms=4.0, size=3)
+    switch = switch_for(path)
     prior = PRIOR_CYCLES * PRIOR_EMITTED / (PRIOR_CYCLES * (path.tree_cycle_ms(3, 1.0, 256) + 4.0))
     assert switch.drafter_rate == pytest.approx(prior)
     assert not switch.prefers_lookup(1, 0.0, 256)  # a plain step is never a switch
@@ -34,8 +39,7 @@ def test_lookups_tree_is_taken_where_it_promises_more_tokens_a_millisecond_than_
     for _ in range(20):  # the drafter's path keeps failing: its rate falls, and a surer 2-token tree wins
         switch.record(3, 0, 256, drafted=True)
     assert switch.drafter_rate < prior and switch.prefers_lookup(2, 0.6, 256)
-    undrafted = ShortMatchSwitch(path, draft_ms=4.0, size=3)
-    drafted = ShortMatchSwitch(path, draft_ms=4.0, size=3)
+    undrafted, drafted = switch_for(path), switch_for(path)
     undrafted.record(1, 0, 256, drafted=False)
     drafted.record(1, 0, 256, drafted=True)
     assert undrafted.drafter_rate > drafted.drafter_rate  # a skipped draft costs nothing
@@ -76,7 +80,7 @@ def test_the_rule_runs_in_sized_trees_that_draft_without_branches_only():
 
     assert isinstance(rule(FIRST_LEVEL), ShortMatchSwitch) and isinstance(rule(FIRST_LEVEL, "eagle2"), ShortMatchSwitch)
     run = engine.run("", "gumiho", GenerationConfig(tree=FIRST_LEVEL), prompt_ids=ids)
-    assert run.near_sizer is not None and run.near_sizer is not run.lookup_sizer  # short matches calibrate apart
+    assert run.short_match.sizer is not run.lookup_sizer  # short matches calibrate apart
     assert rule(replace(FIRST_LEVEL, sized=False)) is None  # a fixed tree
     assert rule(replace(FIRST_LEVEL, lookup_branches=1)) is None  # short matches are branches already
     assert rule(replace(FIRST_LEVEL, lookup_merge=1)) is None  # no shorter match than the switch's
