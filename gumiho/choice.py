@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from .acceptance import Acceptance
 from .errors import GumihoError
-from .expected import Replay, replay, speedup
+from .expected import Replay, ShortMatches, replay, speedup
 from .profile import SHORT, SIZES, ExecPath, MachineProfile, PathCost, widest_tree
 from .trace import METHOD_NAMES
 from .tree import FIRST_LEVEL_METHODS, TreeSettings
@@ -165,11 +165,13 @@ def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: d
 def with_lookup(choice: MethodChoice, cost: PathCost, texts: list[tuple[int, list[int]]], device_type: str,
                 acceptance: Acceptance | None, replays: dict[str, Replay]) -> MethodChoice:
     """`choice` with its expectation counting prompt lookup (expected.py): prompt lookup's own cycles, or a
-    method's switch to them, replayed on the profile's texts; the positions lookup leaves cost a drafted cycle's
-    share (acceptance statistics at the chosen tree), or a plain step where the method takes AR steps, or a plain
-    step and a draft where its drafts have no statistics (a lower bound: none of them counted accepted).
-    On the 2-core Zen 5 EPYC, decoding the profile's own 16 prompts, expected / measured: EAGLE-2 1.21x / 1.22x,
-    Gumiho 1.23x / 1.18x, prompt lookup 1.11x / 1.09x (1.00x before: no statistics) (docs/design.md §15)."""
+    method's switch to them (and its run's short-match rule), replayed on the profile's texts; the positions lookup
+    leaves cost a drafted cycle's share (acceptance statistics at the chosen tree), or a plain step where the method
+    takes AR steps, or a plain step and a draft where its drafts have no statistics (a lower bound: none of them
+    counted accepted).
+    On the 2-core Zen 5 EPYC, decoding the profile's own 16 prompts, expected / measured: EAGLE-2 1.23x / 1.28x,
+    Gumiho 1.26x / 1.27-1.29x, prompt lookup 1.13x / 1.11-1.14x, Token Recycling 1.06x / 1.10-1.11x (before the
+    short matches were replayed: 1.20x, 1.23x, 1.13x, 1.02x) (docs/design.md §15)."""
     tree, method = choice.tree, choice.method
     lookup = method == "lookup"
     if tree is None or not (lookup or tree.lookup_merge):
@@ -189,9 +191,13 @@ def with_lookup(choice: MethodChoice, cost: PathCost, texts: list[tuple[int, lis
             return cost.draft_at(method, k, n) + cost.verify_at(1, kv)
         return cost.verify_at(1, kv)
 
-    key = repr(switch)
+    # A run's short-match rule (engine.Run): sized trees that draft, at matches one token shorter than the switch's.
+    short = (ShortMatches(replace(switch, min_ngram=switch.min_ngram - 1), per_token,
+                          cost.draft_at(method, k, tree.total_tokens), tree.total_tokens)
+             if drafts and measured and tree.sized and switch.min_ngram > 1 else None)
+    key = repr(switch) + (f" short matches of {method}" if short else "")  # the rule weighs the method's own rate
     if key not in replays:
-        replays[key] = replay(texts, switch, cost, draft)
+        replays[key] = replay(texts, switch, cost, draft, short)
     gain = speedup(replays[key], per_token)
     note = choice.note if not lookup else ""
     if drafts and not known:  # Token Recycling, and any drafter not calibrated

@@ -55,5 +55,9 @@ class ShortMatchSwitch:
     def record(self, size: int, accepted: int, kv: int, drafted: bool) -> None:
         """A cycle on the drafter's path: a tree of `size` tokens, `accepted` draft tokens of it accepted; `drafted`:
         the drafter was called (a plain step may skip it)."""
-        self.emitted += 1 + accepted
-        self.ms += self.cost.tree_cycle_ms(size, accepted, kv) + (self.draft_ms if drafted else 0.0)
+        self.add(1 + accepted, self.cost.tree_cycle_ms(size, accepted, kv) + (self.draft_ms if drafted else 0.0))
+
+    def add(self, tokens: float, ms: float) -> None:
+        """Tokens the drafter's path emitted, and their cost (a replay's expected share of a cycle, expected.py)."""
+        self.emitted += tokens
+        self.ms += ms

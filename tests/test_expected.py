@@ -10,7 +10,7 @@ from gumiho import profile as prof
 from gumiho.acceptance import Acceptance
 from gumiho.choice import choose
 from gumiho.drafters.lookup import lookup_pool
-from gumiho.expected import accepted, replay, speedup
+from gumiho.expected import ShortMatches, accepted, replay, speedup
 from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost
 from gumiho.prompts import GENERIC_PROMPTS
 from gumiho.tree import TreeSettings, build_tree
@@ -19,6 +19,9 @@ PROMPT = list(range(100, 120))
 # The reply repeats the prompt word for word, then goes on with tokens never seen.
 REPEAT = (len(PROMPT), PROMPT + PROMPT + list(range(200, 210)))
 FRESH = (len(PROMPT), PROMPT + list(range(300, 330)))
+# The reply quotes the prompt four tokens at a time, each quote after a token never seen: at a quote's second token
+# the text's last 2 tokens occurred earlier, its last 3 did not (from its third token on, they did).
+QUOTES = (len(PROMPT), PROMPT + [t for i in range(4) for t in (400 + i, *PROMPT[5 * i: 5 * i + 4])] + [499])
 
 
 def cheap_rows(draft_ms: float = 0.1) -> PathCost:
@@ -58,6 +61,23 @@ def test_fresh_text_leaves_every_position_to_the_rest_of_the_policy():
     assert run.other_kv == list(range(FRESH[0], len(FRESH[1]) - 1))
     assert speedup(run, lambda kv: 10.0) == pytest.approx(1.0)
     assert speedup(replay([], lookup_tree(), cheap_rows(), 0.1), lambda kv: 10.0) == 1.0
+
+
+def test_short_matches_take_lookups_tree_where_the_drafters_path_is_slower():
+    """The short-match rule as a run applies it (short_match.py): at a 2-token match, lookup's tree where it
+    promises more tokens a millisecond than the drafter's path, whose positions are priced at its expected rate."""
+    cost, switch = cheap_rows(), replace(lookup_tree(), min_ngram=3, max_ngram=3)
+
+    def with_drafter(ms_per_token: float):
+        near = ShortMatches(replace(switch, min_ngram=2), lambda kv: ms_per_token, draft_ms=1.0, size=3)
+        return replay([QUOTES], switch, cost, 0.1, near)
+
+    alone = replay([QUOTES], switch, cost, 0.1)  # lookup's cycles at 3-token matches only
+    slow, fast = with_drafter(40.0), with_drafter(0.5)
+    assert alone.lookup_tokens <= fast.lookup_tokens < slow.lookup_tokens
+    reply = len(QUOTES[1]) - QUOTES[0] - 1
+    assert slow.lookup_tokens + len(slow.other_kv) == reply
+    assert speedup(slow, lambda kv: 40.0) > speedup(alone, lambda kv: 40.0)
 
 
 def test_the_choice_counts_prompt_lookup_where_the_profile_has_texts():
