@@ -154,6 +154,7 @@ class Run:
         self.short_match = (ShortMatchSwitch(near, Sizer(cost.cycle_ms, cost.head_together), cost,
                                              cost.draft_at(method, tree.top_k, tree.total_tokens), tree.total_tokens)
                             if near and method in cost.draft_ms else None)
+        self.sizers = [s for s in (self.sizer, self.lookup_sizer, self.short_match and self.short_match.sizer) if s]
         self._drafter_path: bool | None = None  # this cycle: None switched to lookup, else whether it drafted
         self.calibrations: dict[int, Calibration] = {}  # a merged tree's, by the sources of a node (bit mask)
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -213,9 +214,12 @@ class Run:
             if not pool.size and short is not None:
                 near = self.lookup.candidates(short.tree, device)
                 if near.size:
-                    n, expected = short.sizer.choose(near, min(self.lookup_tree.total_tokens, room), kv)
+                    most = min(self.lookup_tree.total_tokens, room)
+                    n, expected = short.sizer.choose(near, most, kv)
                     if short.prefers_lookup(n, expected, kv):
                         pool, chosen = near, (n, expected)
+                    else:
+                        short.sizer.watch(near, 1, most, kv)
             if pool.size:
                 if self.drafter is not None:
                     self._waiting.append((features, tokens))
@@ -247,8 +251,10 @@ class Run:
                chosen: tuple[int, float] | None = None) -> tuple[DraftTree, DraftPool, Learn | None, float | None]:
         """The tree of the n best nodes of `pool`, n from `sizer` (or `chosen` already), else `most`."""
         n, expected = chosen or (sizer.choose(pool, most, kv) if sizer else (most, None))
+        if sizer:
+            sizer.watch(pool, n, most, kv)
         tree = build_tree(root, pool, n, self.engine.target.device)
-        learn = (lambda hits: sizer.learn(tree.scores[1:], hits)) if sizer else None
+        learn = (lambda hits: sizer.learn(tree.scores[1:], hits, tree.depths[1:])) if sizer else None
         return tree, pool, learn, expected
 
     def _merged(self, root: int, pool: DraftPool, branches: DraftPool, most: int,
@@ -259,9 +265,9 @@ class Run:
         that drafted it) has its own calibration, read at the drafter's score where it drafted the node."""
         fits = self.calibrations
 
-        def chance(kinds: int, score: float) -> float:
+        def chance(kinds: int, score: float, depth: int) -> float:
             fit = fits.get(kinds) or fits.setdefault(kinds, Calibration())
-            return fit.probability(score)
+            return fit.probability(score, depth)
 
         # Of the drafter's pool only what it could keep alone: a GPU tree's pool has hundreds of nodes.
         merged = merge_pools([pool.best(most - 1), branches], chance)
@@ -272,8 +278,8 @@ class Run:
         tree = replace(tree, scores=[0.0] + [merged.own[node] for node in tree.picked[1:]])
 
         def learn(hits: list[bool]) -> None:
-            for node, hit in zip(tree.picked[1:], hits):
-                fits[merged.kinds[node]].learn([merged.own[node]], [hit])
+            for node, hit, depth in zip(tree.picked[1:], hits, tree.depths[1:]):
+                fits[merged.kinds[node]].learn([merged.own[node]], [hit], [depth])
 
         return tree, merged.pool, learn, expected
 
@@ -346,6 +352,8 @@ class Run:
             if self.short_match is not None and self._drafter_path is not None:
                 self.short_match.record(tree.size, len(accepted_tokens), prefix_len, self._drafter_path)
             output.extend(emitted)
+            for sizer in self.sizers:
+                sizer.settle(output, len(self.prompt_ids))
             new_features, new_tokens = features[nodes], torch.tensor(emitted, device=device)
             root = acceptance.bonus
             trace.cycles += 1

@@ -81,12 +81,14 @@ def replay(texts: list[tuple[int, list[int]]], tree: TreeSettings, cost: PathCos
             pool, cycle_sizer, n = lookup_pool(ids[: root + 1], tree, ends=ends), sizer, 0
             if pool.size:
                 n, _ = sizer.choose(pool, tree.total_tokens, kv)
+                sizer.watch(pool, n, tree.total_tokens, kv)
             elif switch is not None:
                 near = lookup_pool(ids[: root + 1], switch.tree, ends=ends)
                 if near.size:
                     n, expected = switch.sizer.choose(near, tree.total_tokens, kv)
                     if switch.prefers_lookup(n, expected, kv):
                         pool, cycle_sizer = near, switch.sizer
+                    switch.sizer.watch(near, n if pool is near else 1, tree.total_tokens, kv)
             if not pool.size:
                 other_kv.append(kv)
                 ar_ms += cost.verify_at(1, kv)
@@ -101,6 +103,9 @@ def replay(texts: list[tuple[int, list[int]]], tree: TreeSettings, cost: PathCos
             for position in range(root, root + emitted):
                 where.setdefault(ids[position], []).append(position)
             root += emitted
+            for learner in (sizer, switch and switch.sizer):
+                if learner:  # as a run's sizers: what the text has decided so far, the new root included
+                    learner.settle(ids[: root + 1])
     return Replay(lookup_tokens, lookup_ms, other_kv, ar_ms)
 
 
@@ -110,7 +115,7 @@ def _cycle(ids: list[int], root: int, pool: DraftPool, n: int, cost: PathCost, s
     cost; the sizer learns from it."""
     drafted = build_tree(ids[root], pool, n)
     count, hits = accepted(drafted, ids[root + 1:])
-    sizer.learn(drafted.scores[1:], hits)
+    sizer.learn(drafted.scores[1:], hits, drafted.depths[1:])
     return min(count + 1, len(ids) - 1 - root), cost.tree_cycle_ms(n, count, kv)
 
 

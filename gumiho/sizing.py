@@ -4,7 +4,9 @@ A drafter scores its candidates (cumulative draft log-probs; prompt lookup's pse
 keeps the best n - 1 of them (tree.build_tree), and the expected number of draft tokens the target accepts from
 it is the sum, over the kept nodes, of the probability that each lies on the accepted path. That probability is
 read from a calibration of score -> acceptance: per score bin, the share of verified nodes that ended up on the
-accepted path (bins of exp(score)). It starts from a prior (exp(score) itself, worth PRIOR_WEIGHT nodes) and
+accepted path (bins of exp(score)), apart for the root's children and for deeper nodes: at one score a deeper node
+is right less often than a first one (a cumulative score spreads its misses over the path; on the 2-core Zen 5
+EPYC, a first prompt-lookup node scoring 0.13-0.25 was right 30-34% of the time and a deeper one 10-15%). It starts from a prior (exp(score) itself, worth PRIOR_WEIGHT nodes) and
 learns from every verification of the run, so it fits the drafter, the target and the text at hand, and needs
 no file. Then
 
@@ -17,6 +19,12 @@ rows; every row of a tree of verify.ALL_ROWS or fewer) in the root's product wha
 accepted nodes off it alone. n = 1 is a plain AR step
 (the draft is not verified) and wins whenever the draft is too unsure to pay for the extra rows. Which nodes are
 kept stays the best-scored subset, so exactness is untouched: only how many is decided here.
+
+A calibration fed only by verified nodes never hears again of a score bin it stopped verifying: one early miss
+can talk a bin down to a chance at which no cycle verifies it, however often its nodes turn out right. So the
+nodes a cycle weighed and left out (`watch`) are learnt in hindsight once the text is known that far (`settle`):
+a node is right where its path's tokens are the tokens the target went on to emit, the same outcome a verified
+node's acceptance records (for a one-hot draft under sampling too: both happen with the target's probability).
 """
 
 from __future__ import annotations
@@ -36,24 +44,29 @@ def _bin(score: float) -> int:
     return min(BINS - 1, int(math.exp(min(score, 0.0)) * BINS))
 
 
+def _cell(score: float, depth: int) -> int:
+    """The calibration's cell: the score's bin, among the root's children (depth 1) or the deeper nodes."""
+    return _bin(score) + (BINS if depth > 1 else 0)
+
+
 @dataclass
 class Calibration:
-    """Score -> the chance that a node of that score is on the accepted path, learnt from a run's verifications."""
+    """(score, depth) -> the chance that such a node is on the accepted path, learnt from a run's outcomes."""
 
-    accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
-    seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
+    seen: list[float] = field(default_factory=lambda: [0.0] * 2 * BINS)
 
-    def probability(self, score: float) -> float:
-        b = _bin(score)
-        prior = (b + 0.5) / BINS  # the draft's own probability: the bin's centre
-        return (self.accepted[b] + PRIOR_WEIGHT * prior) / (self.seen[b] + PRIOR_WEIGHT)
+    def probability(self, score: float, depth: int) -> float:
+        cell = _cell(score, depth)
+        prior = (cell % BINS + 0.5) / BINS  # the draft's own probability: the bin's centre
+        return (self.accepted[cell] + PRIOR_WEIGHT * prior) / (self.seen[cell] + PRIOR_WEIGHT)
 
-    def learn(self, scores: list[float], on_path: list[bool]) -> None:
-        """One verification's outcome: each verified draft node's score and whether it was accepted."""
-        for score, hit in zip(scores, on_path):
-            b = _bin(score)
-            self.seen[b] += 1.0
-            self.accepted[b] += float(hit)
+    def learn(self, scores: list[float], on_path: list[bool], depths: list[int]) -> None:
+        """Outcomes: each draft node's score, whether it was on the accepted path, and its depth."""
+        for score, hit, depth in zip(scores, on_path, depths):
+            cell = _cell(score, depth)
+            self.seen[cell] += 1.0
+            self.accepted[cell] += float(hit)
 
 
 @dataclass
@@ -65,19 +78,21 @@ class Sizer:
     cost: Callable[[int, float, float, int], float]
     together: bool = False
     calibration: Calibration = field(default_factory=Calibration)
+    # Nodes weighed and not verified: (sequence position of the path's first token, the path's tokens, score).
+    pending: list[tuple[int, list[int], float]] = field(default_factory=list)
 
-    def probability(self, score: float) -> float:
-        """Calibrated chance that a node of this score is on the accepted path."""
-        return self.calibration.probability(score)
+    def probability(self, score: float, depth: int = 1) -> float:
+        """Calibrated chance that a node of this score and depth is on the accepted path."""
+        return self.calibration.probability(score, depth)
 
-    def learn(self, scores: list[float], on_path: list[bool]) -> None:
-        self.calibration.learn(scores, on_path)
+    def learn(self, scores: list[float], on_path: list[bool], depths: list[int]) -> None:
+        self.calibration.learn(scores, on_path, depths)
 
     def could_pay(self, score: float, most: int, kv: int) -> bool:
         """Whether a tree of up to `most` tokens whose best node scores `score` could beat a plain step: an upper
         bound, every node taken at that node's chance (none ranks above the best) and priced at T(n) alone, without
         its head rows. False: `choose` would take n = 1 for any such pool, so the draft need not be made."""
-        p = self.probability(score)
+        p = max(self.probability(score, 1), self.probability(score, 2))
         step = self.cost(1, 0.0, 0.0, kv)
         return any((1.0 + (n - 1) * p) * step > self.cost(n, 0.0, 0.0, kv) for n in range(2, most + 1))
 
@@ -87,19 +102,16 @@ class Sizer:
         log of each node's chance (tree.merge_pools), read as they are."""
         if not pool.size or most < 2:
             return 1, 0.0
-        # Python lists, not tensor operations: a CPU's sized pools hold a few nodes, and four tensor calls cost more.
-        scores = [x for layer in pool.scores for x in layer.tolist()]
-        order = [x for layer in pool.priorities for x in layer.tolist()] if pool.priorities else scores
-        parents = [x for layer in pool.parents for x in layer.tolist()]
-        kept = sorted(range(len(order)), key=order.__getitem__, reverse=True)[: most - 1]  # stable: ties keep order
-        chance = math.exp if calibrated else self.probability
+        kept, scores, parents = _ranked(pool, most)
+        depths = pool.depths
+        chance = (lambda score, depth: math.exp(score)) if calibrated else self.probability
         best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, 0.0, kv), 0.0, 0.0
         # The prefetched path: from the root, each node's first kept child (the best-ranked one), PREFETCH_ROWS rows;
         # a tree of ALL_ROWS rows or fewer has every row in that product (verify._prefetch_likeliest).
         path_end, together, alone = -1, 0, 0.0
         ranked = ((node, parents[node], scores[node]) for node in kept)
         for i, (node, parent, score) in enumerate(ranked, start=2):
-            p = chance(score)
+            p = chance(score, depths[node])
             expected += p
             if self.together and parent == path_end and together + 1 < PREFETCH_ROWS:
                 path_end, together = node, together + 1
@@ -110,3 +122,41 @@ class Sizer:
             if rate > best_rate:
                 best_n, best_rate, best_expected = i, rate, expected
         return best_n, best_expected
+
+    def watch(self, pool: DraftPool, verified: int, most: int, kv: int) -> None:
+        """Keep the nodes `choose` weighed for a tree of up to `most` tokens past the first `verified` - 1 (those
+        the tree verifies), to learn in hindsight; the root sits at sequence position `kv`."""
+        if not pool.size or verified >= most:
+            return
+        kept, scores, parents = _ranked(pool, most)
+        tokens = [x for layer in pool.tokens for x in layer.tolist()]
+        for node in kept[verified - 1:]:
+            path = [node]
+            while parents[path[-1]] >= 0:
+                path.append(parents[path[-1]])
+            self.pending.append((kv + 1, [tokens[i] for i in reversed(path)], scores[node]))
+
+    def settle(self, sequence: list[int], offset: int = 0) -> None:
+        """Learn each watched node the text now decides: right where its path is what was emitted, wrong from the
+        first token that differs. `sequence[i]` sits at position `offset` + i."""
+        known = offset + len(sequence)
+        waiting = []
+        for start, path, score in self.pending:
+            seen = sequence[start - offset:min(start + len(path), known) - offset]
+            if seen != path[:len(seen)]:
+                self.calibration.learn([score], [False], [len(path)])
+            elif len(seen) == len(path):
+                self.calibration.learn([score], [True], [len(path)])
+            else:
+                waiting.append((start, path, score))
+        self.pending = waiting
+
+
+def _ranked(pool: DraftPool, most: int) -> tuple[list[int], list[float], list[int]]:
+    """The `most` - 1 nodes a tree of `most` tokens would keep, best first, with every node's score and parent.
+    Python lists, not tensor operations: a CPU's sized pools hold a few nodes, and four tensor calls cost more."""
+    scores = [x for layer in pool.scores for x in layer.tolist()]
+    order = [x for layer in pool.priorities for x in layer.tolist()] if pool.priorities else scores
+    parents = [x for layer in pool.parents for x in layer.tolist()]
+    kept = sorted(range(len(order)), key=order.__getitem__, reverse=True)[: most - 1]  # stable: ties keep order
+    return kept, scores, parents

@@ -219,11 +219,11 @@ class MergedPool:
     own: list[float]
 
 
-def merge_pools(pools: list[DraftPool], chance: Callable[[int, float], float]) -> MergedPool:
+def merge_pools(pools: list[DraftPool], chance: Callable[[int, float, int], float]) -> MergedPool:
     """One pool from several (SAM-Decoding's merge of a learned draft and prompt lookup's matches;
     docs/design.md §17.5). Nodes of different inputs with the same token under the same parent are one node. The
     inputs' scores mean different things, so each node's score becomes its calibrated chance to be accepted,
-    `chance(kinds, own)` (as in `MergedPool`), never above its parent's: the pool stays closed under parent-of when
+    `chance(kinds, own, depth)` (as in `MergedPool`; the root's children at depth 1), never above its parent's: the pool stays closed under parent-of when
     `build_tree` keeps its best nodes. Depth-major, so parents come first."""
     tokens: list[int] = []
     parents: list[int] = []
@@ -250,10 +250,12 @@ def merge_pools(pools: list[DraftPool], chance: Callable[[int, float], float]) -
                 own.append(score)
             kinds[node] |= 1 << k
             merged.append(node)
-    depths, chances = [0] * len(tokens), list(map(chance, kinds, own))
+    depths, chances = [0] * len(tokens), [0.0] * len(tokens)
     for node, parent in enumerate(parents):  # a parent is always made before its children
         if parent >= 0:
             depths[node] = depths[parent] + 1
+        chances[node] = chance(kinds[node], own[node], depths[node] + 1)
+        if parent >= 0:
             chances[node] = min(chances[node], chances[parent])
     order = sorted(range(len(tokens)), key=depths.__getitem__)  # stable: depth-major, parents first
     place = {node: i for i, node in enumerate(order)}

@@ -36,7 +36,7 @@ def looked_up() -> DraftPool:
     return pool
 
 
-def by_score(kinds: int, own: float) -> float:
+def by_score(kinds: int, own: float, depth: int) -> float:
     """The first source's own exp(score), twice that (at most 1) where both sources drafted the node."""
     return min(1.0, math.exp(own) * (2 if kinds == 3 else 1))
 
@@ -66,7 +66,7 @@ def test_a_childs_chance_is_capped_by_its_parents():
     pool.add(t([3]), t([-1]), t([-2.0]), "serial-1", 1)
     branch = DraftPool()
     branch.add(t([3, 4]), t([-1, 0]), t([-3.0, -0.1]), "lookup", [1, 2])  # a sure child under an unsure 3
-    merged = merge_pools([pool, branch], lambda kinds, own: 0.9 if kinds == 2 else math.exp(own))
+    merged = merge_pools([pool, branch], lambda kinds, own, depth: 0.9 if kinds == 2 else math.exp(own))
     scores = torch.cat(merged.pool.scores).tolist()
     assert scores[1] <= scores[0]
     check_invariants(build_tree(0, merged.pool, 3), 3)

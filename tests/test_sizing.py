@@ -89,12 +89,55 @@ def test_the_calibration_learns_what_the_target_accepts():
     confident = chain_pool([-0.1, -0.2])
     assert sizer.choose(confident, most=3, kv=100)[0] == 3
     for _ in range(30):  # this drafter's confident guesses turn out wrong
-        sizer.learn([-0.1, -0.2], [False, False])
+        sizer.learn([-0.1, -0.2], [False, False], [1, 2])
     assert sizer.probability(-0.1) < 0.1
     assert sizer.choose(confident, most=3, kv=100) == (1, 0.0)
     for _ in range(120):
-        sizer.learn([-0.1], [True])
+        sizer.learn([-0.1], [True], [1])
     assert sizer.probability(-0.1) > 0.6
+
+
+def test_the_root_s_children_and_deeper_nodes_calibrate_apart():
+    """At one score, a deeper node's misses say nothing of a first node's chance, and the other way round."""
+    sizer = Sizer(linear_cost)
+    for _ in range(40):
+        sizer.learn([-1.5, -1.5], [True, False], [1, 3])
+    assert sizer.probability(-1.5, 1) > 0.9 and sizer.probability(-1.5, 2) < 0.1
+    assert sizer.probability(-1.5, 3) == sizer.probability(-1.5, 2)  # every deeper node shares one table
+    assert sizer.could_pay(-1.5, 4, 100)  # its bound takes the likelier of the two
+    pool = DraftPool()
+    first = pool.add(torch.tensor([5]), torch.tensor([-1]), torch.tensor([-1.5]), "eagle-1", 1)
+    pool.add(torch.tensor([6]), first, torch.tensor([-1.5]), "eagle-1", 2)
+    assert sizer.choose(pool, most=3, kv=100)[0] == 2  # the first node, not its equally scored child
+
+
+def test_nodes_left_out_are_learnt_once_the_text_decides_them():
+    """A bin the sizer stopped verifying still hears how its nodes fare: `watch` keeps the nodes weighed past the
+    tree, `settle` scores each against what was emitted (a path's first differing token decides it wrong, the
+    path's last one right), and a bin talked down by early misses comes back once its left-out nodes turn out
+    right."""
+    sizer = Sizer(linear_cost)
+    pool = chain_pool([-0.1, -0.2, -0.3])  # tokens 1, 2, 3 down one chain
+    for _ in range(30):
+        sizer.learn([-0.1, -0.2, -0.3], [False, False, False], [1, 2, 3])
+    assert sizer.choose(pool, most=4, kv=10) == (1, 0.0)
+    seen = sum(sizer.calibration.seen)
+    sizer.watch(pool, 1, most=4, kv=10)  # the root at position 10: the chain's tokens would sit at 11, 12, 13
+    assert [(start, path) for start, path, _ in sizer.pending] == [(11, [1]), (11, [1, 2]), (11, [1, 2, 3])]
+    sizer.settle([7, 1], offset=10)  # the root, then token 1: the first node right, the others undecided
+    assert len(sizer.pending) == 2 and sum(sizer.calibration.seen) == seen + 1
+    sizer.settle([7, 1, 2, 5], offset=10)
+    assert not sizer.pending and sum(sizer.calibration.seen) == seen + 3
+    assert sum(sizer.calibration.accepted) == 2  # [1] and [1, 2] right, [1, 2, 3] wrong at 5
+    sizer.watch(pool, 1, most=4, kv=10)
+    sizer.settle([7, 4], offset=10)  # wrong from the first token: all three decided at once
+    assert not sizer.pending and sum(sizer.calibration.accepted) == 2
+    for _ in range(60):  # the left-out chain is what the target goes on to emit
+        sizer.watch(pool, 1, most=4, kv=10)
+        sizer.settle([7, 1, 2, 3], offset=10)
+    assert sizer.choose(pool, most=4, kv=100)[0] == 4
+    sizer.watch(chain_pool([-0.1, -0.2]), 3, most=3, kv=10)  # every weighed node verified: nothing to watch
+    assert not sizer.pending
 
 
 def test_could_pay_bounds_what_choose_takes():
@@ -105,7 +148,7 @@ def test_could_pay_bounds_what_choose_takes():
     for trial in range(300):
         sizer = Sizer(linear_cost, together=bool(trial % 2))
         for _ in range(trial % 7):
-            sizer.learn([-0.2, -1.5], [bool(trial % 3), False])
+            sizer.learn([-0.2, -1.5], [bool(trial % 3), False], [1, 2])
         # Two chains of three nodes under the root, each node scoring below its parent.
         pool, parents, above = DraftPool(), torch.tensor([-1, -1]), torch.zeros(2)
         for depth in range(1, 4):
@@ -184,3 +227,17 @@ def test_a_fixed_tree_is_not_sized():
     run = engine.generate("", "eagle2", GenerationConfig(max_new_tokens=20, tree=tree), prompt_ids=[1, 2, 3])
     assert all(s.expected_accepted is None for s in run.steps)
     assert all(s.tree_size == 6 for s in run.steps[:-1])
+
+
+def test_a_sized_run_learns_from_the_nodes_it_left_out():
+    """In a run the sizer's calibration holds more than the verified nodes: the ones it weighed and left out are
+    settled against the emitted text as it grows, and only those whose path runs past the text still wait."""
+    engine = sized_engine(2)
+    ids = torch.randint(0, 16, (12,), generator=torch.Generator().manual_seed(2)).tolist() * 3
+    run = engine.run("", "lookup", GenerationConfig(max_new_tokens=40, tree=replace(
+        TreeSettings.default("lookup", "cpu"), sized=True)), prompt_ids=ids)
+    steps = list(run)
+    verified = sum(s.tree_size - 1 for s in steps)
+    assert sum(run.sizer.calibration.seen) > verified
+    known = len(ids) + len(run.trace.token_ids)  # the prompt and every emitted token
+    assert all(start + len(path) > known for start, path, _ in run.sizer.pending)
