@@ -3,12 +3,12 @@
 A drafter scores its candidates (cumulative draft log-probs; prompt lookup's pseudo log-probs). A tree of n tokens
 keeps the best n - 1 of them (tree.build_tree), and the expected number of draft tokens the target accepts from
 it is the sum, over the kept nodes, of the probability that each lies on the accepted path. That probability is
-read from a calibration of score -> acceptance: per score bin, the share of verified nodes that ended up on the
-accepted path (bins of exp(score)), apart for the root's children and for deeper nodes: at one score a deeper node
-is right less often than a first one (a cumulative score spreads its misses over the path; on the 2-core Zen 5
-EPYC, a first prompt-lookup node scoring 0.13-0.25 was right 30-34% of the time and a deeper one 10-15%). It starts from a prior (exp(score) itself, worth PRIOR_WEIGHT nodes) and
-learns from every verification of the run, so it fits the drafter, the target and the text at hand, and needs
-no file. Then
+read from a calibration of score -> acceptance: per score bin, the share of nodes that ended up on the accepted
+path (bins of exp(score)), apart for the root's children and for deeper nodes: at one score a deeper node is right
+less often than a first one (on the 2-core Zen 5 EPYC, a first prompt-lookup node scoring 0.13-0.25 was right
+30-34% of the time and a deeper one 10-15%). It starts from a prior (exp(score) itself, worth PRIOR_WEIGHT nodes)
+and learns from every cycle of the run, so it fits the drafter, the target and the text at hand, and needs no
+file. Then
 
     n* = argmax over n of (1 + E[accepted draft tokens | n]) / (T(n) + head rows),
 
@@ -80,6 +80,8 @@ class Sizer:
     calibration: Calibration = field(default_factory=Calibration)
     # Nodes weighed and not verified: (sequence position of the path's first token, the path's tokens, score).
     pending: list[tuple[int, list[int], float]] = field(default_factory=list)
+    # (pool, its size, most, its ranking): `watch` reads the ranking `choose` just made of the same pool
+    _last: tuple = field(default=(None, 0, 0, None), init=False, repr=False)
 
     def probability(self, score: float, depth: int = 1) -> float:
         """Calibrated chance that a node of this score and depth is on the accepted path."""
@@ -102,7 +104,7 @@ class Sizer:
         log of each node's chance (tree.merge_pools), read as they are."""
         if not pool.size or most < 2:
             return 1, 0.0
-        kept, scores, parents = _ranked(pool, most)
+        kept, scores, parents = self._ranked(pool, most)
         depths = pool.depths
         chance = (lambda score, depth: math.exp(score)) if calibrated else self.probability
         best_n, best_rate, expected, best_expected = 1, 1.0 / self.cost(1, 0.0, 0.0, kv), 0.0, 0.0
@@ -128,7 +130,7 @@ class Sizer:
         the tree verifies), to learn in hindsight; the root sits at sequence position `kv`."""
         if not pool.size or verified >= most:
             return
-        kept, scores, parents = _ranked(pool, most)
+        kept, scores, parents = self._ranked(pool, most)
         tokens = [x for layer in pool.tokens for x in layer.tolist()]
         for node in kept[verified - 1:]:
             path = [node]
@@ -151,12 +153,16 @@ class Sizer:
                 waiting.append((start, path, score))
         self.pending = waiting
 
-
-def _ranked(pool: DraftPool, most: int) -> tuple[list[int], list[float], list[int]]:
-    """The `most` - 1 nodes a tree of `most` tokens would keep, best first, with every node's score and parent.
-    Python lists, not tensor operations: a CPU's sized pools hold a few nodes, and four tensor calls cost more."""
-    scores = [x for layer in pool.scores for x in layer.tolist()]
-    order = [x for layer in pool.priorities for x in layer.tolist()] if pool.priorities else scores
-    parents = [x for layer in pool.parents for x in layer.tolist()]
-    kept = sorted(range(len(order)), key=order.__getitem__, reverse=True)[: most - 1]  # stable: ties keep order
-    return kept, scores, parents
+    def _ranked(self, pool: DraftPool, most: int) -> tuple[list[int], list[float], list[int]]:
+        """The `most` - 1 nodes a tree of `most` tokens would keep, best first, with every node's score and
+        parent; the latest pool's kept for `watch`. Python lists, not tensor operations: a CPU's sized pools hold a
+        few nodes, and four tensor calls cost more."""
+        last_pool, last_size, last_most, ranking = self._last
+        if pool is last_pool and pool.size == last_size and most == last_most:
+            return ranking
+        scores = [x for layer in pool.scores for x in layer.tolist()]
+        order = [x for layer in pool.priorities for x in layer.tolist()] if pool.priorities else scores
+        parents = [x for layer in pool.parents for x in layer.tolist()]
+        kept = sorted(range(len(order)), key=order.__getitem__, reverse=True)[: most - 1]  # stable: ties keep order
+        self._last = (pool, pool.size, most, (kept, scores, parents))
+        return kept, scores, parents

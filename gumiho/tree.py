@@ -223,8 +223,9 @@ def merge_pools(pools: list[DraftPool], chance: Callable[[int, float, int], floa
     """One pool from several (SAM-Decoding's merge of a learned draft and prompt lookup's matches;
     docs/design.md §17.5). Nodes of different inputs with the same token under the same parent are one node. The
     inputs' scores mean different things, so each node's score becomes its calibrated chance to be accepted,
-    `chance(kinds, own, depth)` (as in `MergedPool`; the root's children at depth 1), never above its parent's: the pool stays closed under parent-of when
-    `build_tree` keeps its best nodes. Depth-major, so parents come first."""
+    `chance(kinds, own, depth)` (as in `MergedPool`; the root's children at depth 1), never above its
+    parent's: the pool stays closed under parent-of when `build_tree` keeps its best nodes. Depth-major, so parents
+    come first."""
     tokens: list[int] = []
     parents: list[int] = []
     sources: list[str] = []
