@@ -20,7 +20,8 @@ packing):
               there, `TreeSettings.drafted_depth`; a static tree's layout is shallower), for each such size.
 
 The profile is cached in `$GUMIHO_CACHE/profiles/` under the machine's signature (processor and its features,
-device, threads, torch version); a new processor, or a file that does not parse as a profile, is measured again.
+device, threads, torch version, the kernels' sources); a new processor, a changed kernel, or a file that does not
+parse as a profile, is measured again.
 `choice.py` turns a profile and the drafters' acceptance statistics into the automatic settings.
 """
 
@@ -43,6 +44,7 @@ from tqdm import tqdm
 
 from .drafters import Drafter
 from .errors import GumihoError
+from . import kernels
 from .int4 import int4_available
 from .packed import packing_enabled, packs
 from .prompts import GENERIC_PROMPTS, read_prompts
@@ -140,10 +142,11 @@ def bf16_units(device: torch.device) -> str:
 def signature(device: torch.device) -> dict:
     """What identifies the machine for the profile cache: a change here means measuring again."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    # torch's CPU capability too: ATEN_CPU_CAPABILITY=avx2 builds the kernels an AVX2-only processor runs.
+    # torch's CPU capability too: ATEN_CPU_CAPABILITY=avx2 builds the kernels an AVX2-only processor runs; and the
+    # kernels' sources, whose speed the profile times.
     return {"device": device.type, "name": name, "features": cpu_features(), "cores": os.cpu_count() or 0,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "oneDNN": packing_enabled(),
-            "capability": torch.backends.cpu.get_cpu_capability()}
+            "capability": torch.backends.cpu.get_cpu_capability(), "kernels": kernels.source_digest()}
 
 
 # --- execution paths -------------------------------------------------------------------------------------------------

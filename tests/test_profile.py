@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gumiho import kernels
 from gumiho import profile as prof
 from gumiho.acceptance import Acceptance
 from gumiho.choice import CHEAPER_WITHIN, Choice, best_tree, choose, rated_size
@@ -146,6 +147,30 @@ def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_
     assert prof.load_or_measure(target, drafters, progress=False).signature == prof.signature(target.device)
     assert len(calls) == 7
 
+
+
+def test_a_changed_kernel_is_timed_again(cache_dir, monkeypatch):
+    """The profile times the kernels: a new version of their sources (an update of this project) is measured anew,
+    the same sources are not."""
+    target, drafters = tiny_setup()
+    calls = []
+
+    def counting(target, drafters, **kwargs):
+        calls.append(1)
+        curve = flat_profile().costs[0]
+        return MachineProfile(signature=prof.signature(target.device), model=target.name,
+                              drafters={m: prof.drafter_key(d) for m, d in drafters.items()}, seconds=1.0,
+                              costs=[PathCost(p, curve.verify_ms, curve.draft_ms)
+                                     for p in prof.candidate_paths(target.device)])
+
+    monkeypatch.setattr(prof, "measure", counting)
+    prof.load_or_measure(target, drafters, progress=False)
+    prof.load_or_measure(target, drafters, progress=False)
+    assert len(calls) == 1
+    assert len(kernels.source_digest()) == 12
+    monkeypatch.setattr(kernels, "source_digest", lambda: "another00000")
+    assert prof.load_or_measure(target, drafters, progress=False).signature["kernels"] == "another00000"
+    assert len(calls) == 2
 
 def flat_profile(fast: str = "bfloat16") -> MachineProfile:
     """Two paths; `fast` verifies everything in half the time of the other. Verification grows with n."""

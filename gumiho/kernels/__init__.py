@@ -92,6 +92,13 @@ def _import_built(module: str, folder: Path) -> ModuleType | None:
     return loaded
 
 
+def source_digest() -> str:
+    """A digest of every kernel's source and header: what a machine profile's timings depend on besides the machine
+    (profile.signature), so that a changed kernel is timed again."""
+    files = sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h"))
+    return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
+
+
 def build_folder(name: str) -> tuple[Path, str]:
     """Where `<name>.cpp` is built on this machine, and the name of its extension module."""
     from ..target import cache_root  # not at import time: target.py imports llama.py, which imports this

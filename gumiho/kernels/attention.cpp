@@ -48,6 +48,13 @@ inline __m512 widen(Floats16, const Half* p) {
 #endif
 
 constexpr int64_t KEY_CHUNK = 64;
+// Query rows per KV head (R: a group's members times the new tokens) from which a call's scores take key tiles (a
+// chunk's keys transposed once for every row, `tile_scores`) and its weighted sums whole rows (`weighted_rows`).
+// Both give the numbers of the paths they replace, bit for bit, so the choice may follow the row count. On the 2-core
+// Zen 5 EPYC, CNN/DM prompts (450-1,200 cached tokens), median verification of 3 / 4 / 6 / 7 tokens 7.0 / 7.4 / 9.1 /
+// 11.0 -> 6.4 / 6.9 / 8.3 / 10.1 ms (Gumiho's trees); at 2 tokens (6 rows) no gain, and a one-token step (3 rows)
+// unchanged: there, transposing the keys costs what it saves.
+constexpr int64_t TREE_ROWS = 9;
 // A call splits its work across torch's threads from this many multiply-adds (B * H * R * total * d). Measured on
 // the 2-core Zen 4 EPYC with each layer's cache cold, as in a forward: splitting paid from about 170k (a one-token
 // step at 300 keys: 25 -> 17 us; at 1,000 keys 135 -> 80 us, where one core cannot draw the keys from memory fast
@@ -133,6 +140,98 @@ inline void scores16(const float* q, const float* key, int64_t kstride, int64_t 
         const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                           _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
         _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(order, sums), vscale));
+    }
+}
+
+// The 16 x 16 block r (row k: 16 dimensions of key k) transposed in place (row i: dimension i of the 16 keys).
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16], v[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    const auto lo = [](__m512 a, __m512 b) {
+        return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    };
+    const auto hi = [](__m512 a, __m512 b) {
+        return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    };
+    for (int i = 0; i < 4; ++i) {
+        u[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int h = 0; h < 2; ++h) {  // rows 0-7 (h = 0) and 8-15 of the source
+        for (int i = 0; i < 4; ++i) {
+            v[8 * h + i] = _mm512_shuffle_f32x4(u[8 * h + i], u[8 * h + 4 + i], 0x88);
+            v[8 * h + 4 + i] = _mm512_shuffle_f32x4(u[8 * h + i], u[8 * h + 4 + i], 0xdd);
+        }
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(v[i], v[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_f32x4(v[4 + i], v[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(v[4 + i], v[12 + i], 0xdd);
+    }
+}
+
+// `blocks` blocks of 16 keys (key rows `kstride` apart, fp32 or fp16), each as a tile of D x 16 fp32 numbers:
+// tile[block * D * 16 + i * 16 + k] = key 16 * block + k's dimension i.
+template <int D, typename T>
+inline void key_tiles(const T* key, int64_t kstride, int64_t blocks, float* tile) {
+    for (int64_t block = 0; block < blocks; ++block, key += 16 * kstride, tile += D * 16) {
+        for (int c = 0; c < D / 16; ++c) {
+            __m512 r[16];
+            for (int k = 0; k < 16; ++k) r[k] = widen(Floats16{}, key + k * kstride + 16 * c);
+            transpose16(r);
+            for (int i = 0; i < 16; ++i) _mm512_storeu_ps(tile + (16 * c + i) * 16, r[i]);
+        }
+    }
+}
+
+// scores16's numbers for ROWS query rows (`qstride` apart) against one tile of 16 keys (key_tiles), into
+// out[r * ostride + k]: per key the same operations in the same order (lane partials l over dimensions l, l + 16,
+// ..., then (l, l + 8), (l, l + 4), (l, l + 2), (l, l + 1)), with the keys in the lanes instead of the dimensions,
+// so that no shuffle sums them, and each tile vector read serves every row.
+template <int D, int ROWS>
+inline void tile_scores(const float* q, int64_t qstride, const float* tile, float scale, float* out,
+                        int64_t ostride) {
+    constexpr int C = D / 16;
+    __m512 b[ROWS][4];
+    for (int j = 0; j < 4; ++j) {
+        __m512 a[ROWS];
+        for (int h = 0; h < 2; ++h) {
+            const int l = j + 4 * h;
+            __m512 p[ROWS], p8[ROWS];
+            {
+                const __m512 k = _mm512_loadu_ps(tile + l * 16), k8 = _mm512_loadu_ps(tile + (l + 8) * 16);
+                for (int r = 0; r < ROWS; ++r) {
+                    p[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l]), k, _mm512_setzero_ps());
+                    p8[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l + 8]), k8, _mm512_setzero_ps());
+                }
+            }
+            for (int c = 1; c < C; ++c) {
+                const __m512 k = _mm512_loadu_ps(tile + (l + 16 * c) * 16);
+                const __m512 k8 = _mm512_loadu_ps(tile + (l + 8 + 16 * c) * 16);
+                for (int r = 0; r < ROWS; ++r) {
+                    p[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l + 16 * c]), k, p[r]);
+                    p8[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l + 8 + 16 * c]), k8, p8[r]);
+                }
+            }
+            for (int r = 0; r < ROWS; ++r) {
+                const __m512 sum = _mm512_add_ps(p[r], p8[r]);  // A_l
+                if (h == 0)
+                    a[r] = sum;
+                else
+                    b[r][j] = _mm512_add_ps(a[r], sum);  // A_j + A_{j + 4}
+            }
+        }
+    }
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int r = 0; r < ROWS; ++r) {
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(b[r][0], b[r][2]), _mm512_add_ps(b[r][1], b[r][3]));
+        _mm512_storeu_ps(out + r * ostride, _mm512_mul_ps(s, vscale));
     }
 }
 #endif
@@ -245,6 +344,35 @@ inline void softmax_numerators(float* row, const bool* seen, int64_t total) {
 #endif
 }
 
+#ifdef GUMIHO_WIDE
+// weighted_sums' numbers for ROWS rows over all 64 output dimensions at once: each value row widened once for the
+// rows, each p_j broadcast once per row for its four vectors (weighted_sums over two slices does both twice).
+template <int ROWS, typename T>
+inline void weighted_rows(const float* p, int64_t stride, const T* value, int64_t vstride, int64_t total, float* out,
+                          int64_t ostride, float* sums) {
+    __m512 acc[ROWS][4];
+    float s[ROWS];
+    for (int r = 0; r < ROWS; ++r) {
+        s[r] = 0.f;
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < total; ++j) {
+        __m512 v[4];
+        for (int c = 0; c < 4; ++c) v[c] = widen(Floats16{}, value + j * vstride + 16 * c);
+        for (int r = 0; r < ROWS; ++r) {
+            const float pj = p[r * stride + j];
+            const __m512 w = _mm512_set1_ps(pj);
+            for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(w, v[c], acc[r][c]);
+            s[r] += pj;
+        }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + r * ostride + 16 * c, acc[r][c]);
+        sums[r] = s[r];
+    }
+}
+#endif
+
 }  // namespace
 
 template <typename T>
@@ -279,6 +407,7 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     split(B * H * chunks, work, [&](int64_t begin, int64_t end) {
 #ifdef GUMIHO_WIDE
         std::vector<float> widened(std::is_same_v<T, float> ? 0 : KEY_CHUNK * d);
+        std::vector<float> tiles(R >= TREE_ROWS ? KEY_CHUNK * d : 0);
 #endif
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / chunks, c = w % chunks, b = bh / H, h = bh % H;
@@ -294,13 +423,36 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
             if constexpr (std::is_same_v<T, float>) {
                 keys32 = first;
                 stride32 = ks2;
-            } else {
+            } else if (R < TREE_ROWS) {
                 for (int64_t k = 0; k < blocks * 16; ++k)
                     for (int64_t i = 0; i < d; i += 16)
                         _mm512_storeu_ps(widened.data() + k * d + i, widen(Floats16{}, first + k * ks2 + i));
                 keys32 = widened.data();
             }
-            for (int64_t r = 0; blocks && r < R; ++r) {
+            if (blocks && R >= TREE_ROWS) {  // keys transposed once for all rows: no shuffle sums per row
+                float* tile = tiles.data();
+                if (d == 64)
+                    key_tiles<64>(first, ks2, blocks, tile);
+                else
+                    key_tiles<128>(first, ks2, blocks, tile);
+                for (int64_t r0 = 0; r0 < R; r0 += 4) {
+                    const float* rows = qp + (bh * R + r0) * d;
+                    float* out = pp + (bh * R + r0) * total + j;
+                    with_rows(std::min<int64_t>(4, R - r0), [&](auto count) {
+                        constexpr int ROWS = decltype(count)::value;
+                        if constexpr (ROWS <= 4) {
+                            for (int64_t block = 0; block < blocks; ++block) {
+                                const float* t = tile + block * d * 16;
+                                if (d == 64)
+                                    tile_scores<64, ROWS>(rows, d, t, fscale, out + 16 * block, total);
+                                else
+                                    tile_scores<128, ROWS>(rows, d, t, fscale, out + 16 * block, total);
+                            }
+                        }
+                    });
+                }
+            }
+            for (int64_t r = 0; blocks && R < TREE_ROWS && r < R; ++r) {
                 const float* row = qp + (bh * R + r) * d;
                 float* out = pp + (bh * R + r) * total + j;
                 if (d == 64)
@@ -344,6 +496,30 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     const bool wide = d % 32 == 0;
 #else
     const bool wide = false;
+#endif
+#ifdef GUMIHO_WIDE
+    // Enough rows (a tree's): whole rows of 64 outputs, six at a time, split by head and by group of rows instead.
+    if (d == 64 && R >= TREE_ROWS) {
+        constexpr int64_t GROUP = 6;
+        const int64_t groups = (R + GROUP - 1) / GROUP;
+        split(B * H * groups, work, [&](int64_t begin, int64_t end) {
+            float sums[GROUP];
+            for (int64_t w = begin; w < end; ++w) {
+                const int64_t bh = w / groups, r0 = w % groups * GROUP, b = bh / H, h = bh % H;
+                const T* value = valp + b * vs0 + h * vs1;
+                const float* prob = pp + (bh * R + r0) * total;
+                float* o = op + (bh * R + r0) * d;
+                const int64_t count = std::min(GROUP, R - r0);
+                with_rows(count, [&](auto rows) {
+                    constexpr int ROWS = decltype(rows)::value;
+                    if constexpr (ROWS <= GROUP) weighted_rows<ROWS>(prob, total, value, vs2, total, o, d, sums);
+                });
+                for (int64_t r = 0; r < count; ++r)
+                    for (int64_t i = 0; i < d; ++i) o[r * d + i] = sums[r] > 0.f ? o[r * d + i] / sums[r] : 0.f;
+            }
+        });
+        return out;
+    }
 #endif
     const int64_t width = wide ? 32 : 16, group = wide ? 8 : 4;  // outputs per slice, rows sharing it
     const int64_t slices = d / width;
