@@ -114,19 +114,24 @@ def test_a_draft_is_timed_after_a_target_forward_as_in_a_cycle(monkeypatch):
     assert len(calls) == 2 * len(profile.costs) * (verifications + len(prof.KV_LENGTHS) + drafts)
 
 
-def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_dir, monkeypatch):
-    target, drafters = tiny_setup()
-    calls = []
-
-    def counting(target, drafters, **kwargs):  # what measure returns, without the time it takes (tested above)
+def counting_measure(calls: list):
+    """A stand-in for `prof.measure` that counts its calls in `calls` and returns a flat profile of this machine,
+    without the time a measurement takes (tested above)."""
+    def counting(target, drafters, **kwargs):
         calls.append(1)
         curve = flat_profile().costs[0]
         return MachineProfile(signature=prof.signature(target.device), model=target.name,
                               drafters={m: prof.drafter_key(d) for m, d in drafters.items()}, seconds=1.0,
                               costs=[PathCost(p, curve.verify_ms, curve.draft_ms)
                                      for p in prof.candidate_paths(target.device)])
+    return counting
 
-    monkeypatch.setattr(prof, "measure", counting)
+
+def test_the_profile_is_cached_and_measured_again_when_foreign_or_corrupt(cache_dir, monkeypatch):
+    target, drafters = tiny_setup()
+    calls = []
+
+    monkeypatch.setattr(prof, "measure", counting_measure(calls))
     first = prof.load_or_measure(target, drafters, progress=False)
     assert prof.load_or_measure(target, drafters, progress=False) == first and len(calls) == 1
     path = prof.profile_path(target)
@@ -155,15 +160,7 @@ def test_a_changed_kernel_is_timed_again(cache_dir, monkeypatch):
     target, drafters = tiny_setup()
     calls = []
 
-    def counting(target, drafters, **kwargs):
-        calls.append(1)
-        curve = flat_profile().costs[0]
-        return MachineProfile(signature=prof.signature(target.device), model=target.name,
-                              drafters={m: prof.drafter_key(d) for m, d in drafters.items()}, seconds=1.0,
-                              costs=[PathCost(p, curve.verify_ms, curve.draft_ms)
-                                     for p in prof.candidate_paths(target.device)])
-
-    monkeypatch.setattr(prof, "measure", counting)
+    monkeypatch.setattr(prof, "measure", counting_measure(calls))
     prof.load_or_measure(target, drafters, progress=False)
     prof.load_or_measure(target, drafters, progress=False)
     assert len(calls) == 1
