@@ -100,21 +100,37 @@ inline float largest(const float* x) {
     return *std::max_element(lane, lane + W);
 }
 
+// The keys [0, total) of one KV head (rows `stride` apart, d values) as tiles of KEYS keys, each transposed:
+// tile[i * KEYS + k] is dimension i of key k of the block (0 past the last key). Transposed once per call for every
+// query block, where each block once transposed its own copies (30 layers at 800 / 1,200 tokens on the 2-core Zen 5
+// EPYC: 91.2 -> 84.3 ms, 202.6 -> 184.8). A query block's keys past its last token enter as themselves rather than
+// as zeros: their scores are replaced by -inf all the same, so every output is what it was.
+inline void key_tiles(const float* keys, int64_t stride, int64_t total, int64_t d, float* tiles) {
+    for (int64_t k0 = 0; k0 < total; k0 += KEYS) {
+        float* tile = tiles + k0 * d;
+        const int64_t count = std::min<int64_t>(KEYS, total - k0);
+        for (int64_t k = 0; k < KEYS; ++k) {
+            const float* key = keys + (k0 + k) * stride;
+            for (int64_t i = 0; i < d; ++i) tile[i * KEYS + k] = k < count ? key[i] : 0.f;
+        }
+    }
+}
+
 // One work unit: query tokens [t0, t1) of KV head `kv` in batch row `b`, every query head of the group.
 struct Unit {
-    const float *q, *keys, *values;
+    const float *q, *values;
+    const float* tiles;  // every block of KEYS keys transposed once, [B * KV][key_blocks][d][KEYS] (key_tiles)
     float* out;
-    int64_t n, past, d, groups, heads, qs[3], ks[3], vs[3];
+    int64_t n, past, d, groups, heads, kv_heads, key_blocks, qs[3], vs[3];
     float scale;
 
     void operator()(int64_t b, int64_t kv, int64_t t0, std::vector<float>& scratch) const {
         const int64_t t1 = std::min(n, t0 + TOKENS), span = t1 - t0, rows = groups * span;
-        scratch.resize(rows * d * 2 + rows * KEYS + KEYS * d + 3 * rows);
+        scratch.resize(rows * d * 2 + rows * KEYS + 3 * rows);
         float* qrows = scratch.data();             // [rows][d], scaled; row r: member r / span, token t0 + r % span
         float* o = qrows + rows * d;               // [rows][d], running weighted sums of values
         float* s = o + rows * d;                   // [rows][KEYS], scores, then their exps
-        float* kt = s + rows * KEYS;               // [d][KEYS], the key block transposed
-        float* top = kt + KEYS * d;                // [rows], running maximum
+        float* top = s + rows * KEYS;              // [rows], running maximum
         float* sum = top + rows;                   // [rows], running sum of exps
         float* rescale = sum + rows;               // [rows], exp(old maximum - new)
         for (int64_t r = 0; r < rows; ++r) {
@@ -124,15 +140,12 @@ struct Unit {
         std::fill(o, o + rows * d, 0.f);
         std::fill(top, top + rows, NEG_INF);
         std::fill(sum, sum + rows, 0.f);
-        const float* kbase = keys + b * ks[0] + kv * ks[1];
+        const float* kblocks = tiles + (b * kv_heads + kv) * key_blocks * KEYS * d;
         const float* vbase = values + b * vs[0] + kv * vs[1];
         const int64_t last = past + t1 - 1;  // the last key any of these rows sees
         for (int64_t k0 = 0; k0 <= last; k0 += KEYS) {
             const int64_t count = std::min<int64_t>(KEYS, last + 1 - k0);
-            for (int64_t k = 0; k < KEYS; ++k) {
-                const float* key = kbase + (k0 + k) * ks[2];
-                for (int64_t i = 0; i < d; ++i) kt[i * KEYS + k] = k < count ? key[i] : 0.f;
-            }
+            const float* kt = kblocks + k0 * d;  // this block's tile: k0 / KEYS tiles of KEYS * d before it
             for (int64_t r0 = 0; r0 < rows; r0 += ROWS)
                 with_group(rows - r0, [&](auto group) {
                     block_scores<decltype(group)::value>(qrows + r0 * d, d, kt, s + r0 * KEYS);
@@ -202,9 +215,15 @@ torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
     auto out = torch::empty({B, n, H * d}, q.options());
 #ifdef GUMIHO_PROMPT_ATTENTION
     TORCH_CHECK(d % (4 * W) == 0, "causal: the head size must be a multiple of ", 4 * W);
-    const Unit unit{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), out.data_ptr<float>(),
-                    n, past, d, H / KV, H, {q.stride(0), q.stride(1), q.stride(2)},
-                    {keys.stride(0), keys.stride(1), keys.stride(2)},
+    const int64_t total = past + n, key_blocks = (total + KEYS - 1) / KEYS;
+    auto tiles = torch::empty({B * KV, key_blocks * KEYS * d}, q.options());
+    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t bkv = begin; bkv < end; ++bkv)
+            key_tiles(keys.data_ptr<float>() + bkv / KV * keys.stride(0) + bkv % KV * keys.stride(1), keys.stride(2),
+                      total, d, tiles.data_ptr<float>() + bkv * key_blocks * KEYS * d);
+    });
+    const Unit unit{q.data_ptr<float>(), values.data_ptr<float>(), tiles.data_ptr<float>(),
+                    out.data_ptr<float>(), n, past, d, H / KV, H, KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
                     {values.stride(0), values.stride(1), values.stride(2)}, static_cast<float>(scale)};
     // Units dealt to the threads in turn, the costliest (latest tokens: the most keys) first, so that each thread
     // gets about the same share of a causal attention's work.
