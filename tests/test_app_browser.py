@@ -136,7 +136,8 @@ def test_a_small_tree_keeps_its_labels_inside_the_plot_too(page):
     # tokens) where the controls are left at its values.
     set_number(page, total, 2 if before != "2" else 3)
     click_until(page, page.get_by_role("button", name="Generate", exact=True), "Done.")
-    page.get_by_text(re.compile(r"verified a tree of [1-3] tokens?")).first.wait_for()
+    # The shown cycle's caption: hidden tabs hold captions of their own, which `first` alone could pick and wait on.
+    page.get_by_text(re.compile(r"verified a tree of [1-3] tokens?")).filter(visible=True).first.wait_for()
     assert labels_outside_the_plot_area(tree_plot(page)) == []
     set_number(page, total, int(before))  # back to the engine's own choice for the tests below
     advanced.click()
