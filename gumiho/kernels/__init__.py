@@ -92,9 +92,11 @@ def _import_built(module: str, folder: Path) -> ModuleType | None:
     return loaded
 
 
+@lru_cache(maxsize=None)
 def source_digest() -> str:
     """A digest of every kernel's source and header: what a machine profile's timings depend on besides the machine
-    (profile.signature), so that a changed kernel is timed again."""
+    (profile.signature), so that a changed kernel is timed again. Read once a process: the profile asks at every
+    signature."""
     files = sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h"))
     return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
 

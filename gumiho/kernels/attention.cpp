@@ -234,6 +234,39 @@ inline void tile_scores(const float* q, int64_t qstride, const float* tile, floa
         _mm512_storeu_ps(out + r * ostride, _mm512_mul_ps(s, vscale));
     }
 }
+
+// The scores of R query rows (D dimensions each, consecutive) against `blocks` blocks of 16 keys (rows `kstride`
+// apart), scaled, into out[r * ostride + k]; `buffer` holds KEY_CHUNK * D floats. A tree's rows (R >= TREE_ROWS)
+// read the keys transposed once into tiles for all of them; fewer rows read them as they are, widened to fp32 once
+// (an fp16 cache). Both give the same numbers.
+template <int D, typename T>
+void wide_scores(const float* q, int64_t R, const T* keys, int64_t kstride, int64_t blocks, float scale, float* out,
+                 int64_t ostride, float* buffer) {
+    if (R >= TREE_ROWS) {
+        key_tiles<D>(keys, kstride, blocks, buffer);
+        for (int64_t r0 = 0; r0 < R; r0 += 4) {
+            with_rows(std::min<int64_t>(4, R - r0), [&](auto count) {
+                constexpr int ROWS = decltype(count)::value;
+                if constexpr (ROWS <= 4)
+                    for (int64_t block = 0; block < blocks; ++block)
+                        tile_scores<D, ROWS>(q + r0 * D, D, buffer + block * D * 16, scale,
+                                             out + r0 * ostride + 16 * block, ostride);
+            });
+        }
+        return;
+    }
+    const float* keys32 = buffer;
+    int64_t stride32 = D;
+    if constexpr (std::is_same_v<T, float>) {
+        keys32 = keys;
+        stride32 = kstride;
+    } else {
+        for (int64_t k = 0; k < blocks * 16; ++k)
+            for (int64_t i = 0; i < D; i += 16)
+                _mm512_storeu_ps(buffer + k * D + i, widen(Floats16{}, keys + k * kstride + i));
+    }
+    for (int64_t r = 0; r < R; ++r) scores16<D>(q + r * D, keys32, stride32, blocks, scale, out + r * ostride);
+}
 #endif
 
 // out[r * ostride + i] = sum_j p[r * stride + j] * value[j * vstride + i] for the 2 x F::lanes outputs i of a slice,
@@ -406,59 +439,20 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     const int64_t chunks = (total + KEY_CHUNK - 1) / KEY_CHUNK;
     split(B * H * chunks, work, [&](int64_t begin, int64_t end) {
 #ifdef GUMIHO_WIDE
-        std::vector<float> widened(std::is_same_v<T, float> ? 0 : KEY_CHUNK * d);
-        std::vector<float> tiles(R >= TREE_ROWS ? KEY_CHUNK * d : 0);
+        std::vector<float> buffer(KEY_CHUNK * d);  // the chunk's keys as fp32: widened, or transposed into tiles
 #endif
         for (int64_t w = begin; w < end; ++w) {
             const int64_t bh = w / chunks, c = w % chunks, b = bh / H, h = bh % H;
             int64_t j = c * KEY_CHUNK;
             const int64_t stop = std::min(total, (c + 1) * KEY_CHUNK);
 #ifdef GUMIHO_WIDE
-            // The chunk's whole blocks of 16 keys, widened to fp32 once for all rows (an fp16 cache); head sizes
-            // of 64 and 128 (the others take `dots` below).
+            // The chunk's whole blocks of 16 keys, for head sizes of 64 and 128 (the others, and a chunk's tail,
+            // take `dots` below).
             const int64_t blocks = d == 64 || d == 128 ? (stop - j) / 16 : 0;
-            const T* first = kp + b * ks0 + h * ks1 + j * ks2;
-            const float* keys32 = nullptr;
-            int64_t stride32 = d;
-            if constexpr (std::is_same_v<T, float>) {
-                keys32 = first;
-                stride32 = ks2;
-            } else if (R < TREE_ROWS) {
-                for (int64_t k = 0; k < blocks * 16; ++k)
-                    for (int64_t i = 0; i < d; i += 16)
-                        _mm512_storeu_ps(widened.data() + k * d + i, widen(Floats16{}, first + k * ks2 + i));
-                keys32 = widened.data();
-            }
-            if (blocks && R >= TREE_ROWS) {  // keys transposed once for all rows: no shuffle sums per row
-                float* tile = tiles.data();
-                if (d == 64)
-                    key_tiles<64>(first, ks2, blocks, tile);
-                else
-                    key_tiles<128>(first, ks2, blocks, tile);
-                for (int64_t r0 = 0; r0 < R; r0 += 4) {
-                    const float* rows = qp + (bh * R + r0) * d;
-                    float* out = pp + (bh * R + r0) * total + j;
-                    with_rows(std::min<int64_t>(4, R - r0), [&](auto count) {
-                        constexpr int ROWS = decltype(count)::value;
-                        if constexpr (ROWS <= 4) {
-                            for (int64_t block = 0; block < blocks; ++block) {
-                                const float* t = tile + block * d * 16;
-                                if (d == 64)
-                                    tile_scores<64, ROWS>(rows, d, t, fscale, out + 16 * block, total);
-                                else
-                                    tile_scores<128, ROWS>(rows, d, t, fscale, out + 16 * block, total);
-                            }
-                        }
-                    });
-                }
-            }
-            for (int64_t r = 0; blocks && R < TREE_ROWS && r < R; ++r) {
-                const float* row = qp + (bh * R + r) * d;
-                float* out = pp + (bh * R + r) * total + j;
-                if (d == 64)
-                    scores16<64>(row, keys32, stride32, blocks, fscale, out);
-                else
-                    scores16<128>(row, keys32, stride32, blocks, fscale, out);
+            if (blocks) {
+                const auto scores = d == 64 ? wide_scores<64, T> : wide_scores<128, T>;
+                scores(qp + bh * R * d, R, kp + b * ks0 + h * ks1 + j * ks2, ks2, blocks, fscale,
+                       pp + bh * R * total + j, total, buffer.data());
             }
             j += blocks * 16;
 #endif
