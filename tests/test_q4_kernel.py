@@ -70,6 +70,30 @@ def test_products_follow_their_definition_and_rows_do_not_depend_on_their_number
         assert torch.equal(kernel.q4_matmul(x, records, ahead, keep)[:, :100], y)
 
 
+def test_the_activations_are_rounded_as_defined_to_the_bit(kernel):
+    """The vector rounding (simd.h's quantize_row) is the scalar definition element by element: in fp32, inverse =
+    127 / max |x|, xq = x * inverse rounded half to even and clamped, dx = max |x| / 127, sx = dx * sum(xq). Blocks
+    of zeros, exact halves (max |x| = 127: x itself is rounded), huge and tiny values; a NaN counts for nothing in
+    the maximum and rounds to -127, as the scalar cast does."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(7, 8 * GROUP, generator=g) * torch.rand(7, 8 * GROUP, generator=g).pow(6) * 100
+    x[0, :GROUP] = 0
+    x[1, GROUP : 2 * GROUP] = torch.arange(-15.5, 16.5, 1.0)  # halves: ties to even
+    x[1, GROUP] = 127.0
+    x[2, 2 * GROUP : 3 * GROUP] *= 1e30
+    x[3, 3 * GROUP : 4 * GROUP] *= 1e-30
+    x[4, 4 * GROUP + 5] = float("nan")
+    xq, dx, sx = kernel.quantize(x)
+    blocks = x.reshape(7, -1, GROUP)
+    amax = blocks.nan_to_num(0.0).abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    expected = torch.round(blocks * inverse).nan_to_num(-127.0).clamp(-127, 127).to(torch.int8)
+    assert torch.equal(xq, expected.reshape(7, -1))
+    assert torch.equal(dx, amax.squeeze(-1) / 127)
+    assert torch.equal(sx, dx * expected.sum(-1, dtype=torch.int32).float())
+    assert xq[1, GROUP : 2 * GROUP].tolist()[:4] == [127, -14, -14, -12]  # 127 itself, then -14.5, -13.5, -12.5
+
+
 def test_the_8bit_activations_cost_little_against_fp32_products(kernel):
     torch.manual_seed(3)
     weight = torch.randn(64, 8 * GROUP)

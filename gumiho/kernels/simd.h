@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 // fn(std::integral_constant<int, R>{}) with R = rows, 1 to 8 (more count as 8): a kernel templated on its number of
 // input rows, called for a run-time count.
 template <typename F>
@@ -26,19 +30,51 @@ inline void with_rows(int64_t rows, const F& fn) {
 // One input row rounded to 8 bits per block of 32 (llama.cpp's Q8 activations): xq [K] int8 in [-127, 127], the
 // block's scale dx = absmax / 127 and, where `sx` is given, dx times the block's sum of xq (for weights with a
 // minimum). Each row is rounded alone, so a row's products never depend on the rows beside it.
+// With AVX2, a block is four vectors: every operation is the scalar code's, element by element (the absolute
+// maximum is exact in any order and skips a NaN as std::max does; the conversion rounds to nearest even, as
+// nearbyint does, and gives INT_MIN where the cast does), so both give the same bytes. Scalar, an 800-row prompt's
+// rounding took a third of its 4-bit products' time (2-core Zen 5 EPYC).
 inline void quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx = nullptr) {
     constexpr int64_t BLOCK = 32;
     for (int64_t b = 0; b < K / BLOCK; ++b) {
         const float* xb = x + b * BLOCK;
+#if defined(__AVX2__)
+        __m256 v[4], top = _mm256_setzero_ps();
+        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        for (int i = 0; i < 4; ++i) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            top = _mm256_max_ps(_mm256_and_ps(v[i], magnitude), top);  // a NaN in the first operand is skipped
+        }
+        __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+#else
         float amax = 0.f;
         for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+#endif
         const float d = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
+#if defined(__AVX2__)
+        __m256i q[4], total = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));
+            q[i] = _mm256_min_epi32(_mm256_max_epi32(q[i], _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+            total = _mm256_add_epi32(total, q[i]);
+        }
+        // Packing works within 128-bit lanes: its dwords hold the four vectors' first halves, then their second.
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b * BLOCK),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+#else
         for (int i = 0; i < BLOCK; ++i) {
             const int32_t q = static_cast<int32_t>(std::nearbyint(xb[i] * inverse));
             xq[b * BLOCK + i] = static_cast<int8_t>(std::clamp(q, -127, 127));
             sum += xq[b * BLOCK + i];
         }
+#endif
         dx[b] = d;
         if (sx) sx[b] = d * static_cast<float>(sum);
     }
@@ -68,7 +104,6 @@ struct Fetch {
 };
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 
 // The sum of 8 floats in one fixed order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 inline float hsum8(__m256 s) {
