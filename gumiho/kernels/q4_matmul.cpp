@@ -240,18 +240,23 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead, b
     const int64_t N = groups * OUTS, blocks = K / BLOCK;
     TORCH_CHECK(K % BLOCK == 0 && records.size(-1) == blocks * RECORD && (!batched || records.size(0) == B),
                 "q4_matmul: inconsistent shapes");
-    auto xq = torch::empty({B * M, K}, x.options().dtype(torch::kChar));
-    auto dx = torch::empty({B * M, blocks}, x.options()), sx = torch::empty({B * M, blocks}, x.options());
+    // The rounded rows in buffers kept by the calling thread: three tensors allocated per call cost a decode
+    // step's 120 products about 0.1 ms.
+    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<float> dx, sx;
+    xq.resize(std::max<size_t>(xq.size(), B * M * K));
+    dx.resize(std::max<size_t>(dx.size(), B * M * blocks));
+    sx.resize(std::max<size_t>(sx.size(), B * M * blocks));
+    // Pointers, not the names: inside the lambdas those would be each worker thread's own buffers.
+    int8_t* const qp = xq.data();
+    float* const dp = dx.data();
+    float* const sp = sx.data();
     at::parallel_for(0, B * M, 16, [&](int64_t begin, int64_t end) {  // rows alone: a prompt's, on every thread
         for (int64_t r = begin; r < end; ++r)
-            quantize_row(x.data_ptr<float>() + r * K, K, xq.data_ptr<int8_t>() + r * K,
-                         dx.data_ptr<float>() + r * blocks, sx.data_ptr<float>() + r * blocks);
+            quantize_row(x.data_ptr<float>() + r * K, K, qp + r * K, dp + r * blocks, sp + r * blocks);
     });
     auto out = batched ? torch::empty({B, M, N}, x.options()) : torch::empty({M, N}, x.options());
     const uint8_t* rp = records.data_ptr<uint8_t>();
-    const int8_t* qp = xq.data_ptr<int8_t>();
-    const float* dp = dx.data_ptr<float>();
-    const float* sp = sx.data_ptr<float>();
     float* op = out.data_ptr<float>();
     // Work units: a record's group of 8 output rows, or two consecutive groups where 512-bit products are built.
 #ifdef GUMIHO_Q4_PAIRS

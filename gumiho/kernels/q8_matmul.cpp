@@ -136,10 +136,14 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64
     const int64_t M = x.size(0), K = x.size(1), N = q.size(0), blocks = K / BLOCK;
     TORCH_CHECK(K % BLOCK == 0 && q.size(1) == K && d.size(0) == N && d.size(1) == blocks,
                 "q8_matmul: inconsistent shapes");
-    std::vector<int8_t> xq(M * K);
-    std::vector<float> dx(M * blocks);
+    thread_local std::vector<int8_t> xq;  // kept by the calling thread, as q4_matmul's
+    thread_local std::vector<float> dx;
+    xq.resize(std::max<size_t>(xq.size(), M * K));
+    dx.resize(std::max<size_t>(dx.size(), M * blocks));
     for (int64_t r = 0; r < M; ++r)
         quantize_row(x.data_ptr<float>() + r * K, K, xq.data() + r * K, dx.data() + r * blocks);
+    const int8_t* const rounded = xq.data();  // pointers: inside the lambda the names are each worker's own
+    const float* const scales = dx.data();
     auto out = torch::empty({M, N}, x.options());
     const int8_t* qp = q.data_ptr<int8_t>();
     const float* dp = d.data_ptr<float>();
@@ -147,8 +151,8 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64
     const Fetch fetch{ahead, keep};
     at::parallel_for(0, N, 512, [&](int64_t v0, int64_t v1) {
         for (int64_t m = 0; m < M; m += MAX_ROWS) {
-            const int8_t* xm = xq.data() + m * K;
-            const float* dm = dx.data() + m * blocks;
+            const int8_t* xm = rounded + m * K;
+            const float* dm = scales + m * blocks;
             float* om = op + m * N;
             const int64_t rows = std::min<int64_t>(MAX_ROWS, M - m);
             int64_t start = v0;
