@@ -242,15 +242,9 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor records, int64_t ahead, b
                 "q4_matmul: inconsistent shapes");
     // The rounded rows in buffers kept by the calling thread: three tensors allocated per call cost a decode
     // step's 120 products about 0.1 ms.
-    thread_local std::vector<int8_t> xq;
-    thread_local std::vector<float> dx, sx;
-    xq.resize(std::max<size_t>(xq.size(), B * M * K));
-    dx.resize(std::max<size_t>(dx.size(), B * M * blocks));
-    sx.resize(std::max<size_t>(sx.size(), B * M * blocks));
-    // Pointers, not the names: inside the lambdas those would be each worker thread's own buffers.
-    int8_t* const qp = xq.data();
-    float* const dp = dx.data();
-    float* const sp = sx.data();
+    int8_t* const qp = kept_buffer<int8_t>(B * M * K);
+    float* const dp = kept_buffer<float, 0>(B * M * blocks);
+    float* const sp = kept_buffer<float, 1>(B * M * blocks);
     at::parallel_for(0, B * M, 16, [&](int64_t begin, int64_t end) {  // rows alone: a prompt's, on every thread
         for (int64_t r = begin; r < end; ++r)
             quantize_row(x.data_ptr<float>() + r * K, K, qp + r * K, dp + r * blocks, sp + r * blocks);

@@ -136,14 +136,9 @@ torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor q, torch::Tensor d, int64
     const int64_t M = x.size(0), K = x.size(1), N = q.size(0), blocks = K / BLOCK;
     TORCH_CHECK(K % BLOCK == 0 && q.size(1) == K && d.size(0) == N && d.size(1) == blocks,
                 "q8_matmul: inconsistent shapes");
-    thread_local std::vector<int8_t> xq;  // kept by the calling thread, as q4_matmul's
-    thread_local std::vector<float> dx;
-    xq.resize(std::max<size_t>(xq.size(), M * K));
-    dx.resize(std::max<size_t>(dx.size(), M * blocks));
-    for (int64_t r = 0; r < M; ++r)
-        quantize_row(x.data_ptr<float>() + r * K, K, xq.data() + r * K, dx.data() + r * blocks);
-    const int8_t* const rounded = xq.data();  // pointers: inside the lambda the names are each worker's own
-    const float* const scales = dx.data();
+    int8_t* const rounded = kept_buffer<int8_t>(M * K);  // no allocation per call, as q4_matmul's
+    float* const scales = kept_buffer<float>(M * blocks);
+    for (int64_t r = 0; r < M; ++r) quantize_row(x.data_ptr<float>() + r * K, K, rounded + r * K, scales + r * blocks);
     auto out = torch::empty({M, N}, x.options());
     const int8_t* qp = q.data_ptr<int8_t>();
     const float* dp = d.data_ptr<float>();

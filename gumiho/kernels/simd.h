@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -25,6 +26,15 @@ inline void with_rows(int64_t rows, const F& fn) {
         case 7: fn(std::integral_constant<int, 7>{}); break;
         default: fn(std::integral_constant<int, 8>{}); break;
     }
+}
+
+// A buffer of at least n T's that the calling thread keeps between calls (Tag tells apart two of one type). Its
+// data pointer is what a parallel_for's lambda must use: named there, a thread_local is each worker's own.
+template <typename T, int Tag = 0>
+T* kept_buffer(size_t n) {
+    thread_local std::vector<T> buffer;
+    if (buffer.size() < n) buffer.resize(n);
+    return buffer.data();
 }
 
 // One input row rounded to 8 bits per block of 32 (llama.cpp's Q8 activations): xq [K] int8 in [-127, 127], the
