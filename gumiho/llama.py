@@ -152,7 +152,7 @@ class DecoderStack:
         self.kv_dtype = dtype  # what the cache stores (LeanLlama's int4 path: fp16)
         # A long prompt's weights (`prompt_layers`): on the int4 path, float ones where measured faster than 4 bits.
         self.prefill_layers: list[LayerWeights] | None = None
-        self.prefill_from, self.prefill_attention = 0, torch.float32
+        self.prefill_from, self.prefill_attention = 0, None  # (None: the stack's dtype)
         self._cos = self._sin = torch.empty(0)
         # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
         # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
@@ -160,15 +160,15 @@ class DecoderStack:
         self.row_attention = row_attention() if consistent else None
         self.row_ops = row_ops() if consistent else None  # the same rows' norms and gated product, one call each
         # A prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp): 2.4-2.9x SDPA's speed on the
-        # 2-core Zen 5 EPYC from 256 to 1,200 tokens.
+        # 2-core Zen 5 EPYC from 256 to 1,200 tokens; and with bf16 products where the processor has AVX512-BF16.
         self.prompt_kernel = prompt_attention() if device.type == "cpu" and head_dim % 64 == 0 else None
 
     def prompt_layers(self, n: int) -> tuple[list[LayerWeights], torch.dtype | None]:
         """The weights a prompt of n tokens goes through, and the dtype of its causal attention (None: the stack's):
-        `prefill_layers` from `prefill_from` tokens on, where set, else the stack's own."""
-        if self.prefill_layers is not None and n >= self.prefill_from:
-            return self.prefill_layers, self.prefill_attention
-        return self.layers, None
+        from `prefill_from` tokens on, `prefill_layers` where set (else the stack's own) and `prefill_attention`."""
+        if n < self.prefill_from:
+            return self.layers, None
+        return self.prefill_layers or self.layers, self.prefill_attention
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device, capacity, batch)
@@ -240,11 +240,13 @@ class DecoderStack:
 
     def _causal(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Causal attention [b, n, h * d] of a prompt's queries q [b, h, n, d] (heads ordered KV head, group member)
-        over its keys and values [b, kv, n, d], computed in `dtype`: the block kernel in fp32 where it is built,
-        else SDPA."""
+        over its keys and values [b, kv, n, d], computed in `dtype`: the block kernel in fp32, and in bf16 where it
+        has bf16 products, where it is built; else SDPA."""
         b, h, n, d = q.shape
-        if dtype == torch.float32 and self.prompt_kernel is not None:
-            return self.prompt_kernel.causal(q.float(), keys.float(), values.float(), 0, d ** -0.5).to(self.dtype)
+        kernel = self.prompt_kernel
+        if kernel is not None and (dtype == torch.float32 or dtype == torch.bfloat16 and kernel.bf16_available()):
+            return kernel.causal(q.float(), keys.float(), values.float(), 0, d ** -0.5,
+                                 dtype == torch.bfloat16).to(self.dtype)
         out = F.scaled_dot_product_attention(q.to(dtype), keys.to(dtype), values.to(dtype), is_causal=True,
                                              enable_gqa=True).to(self.dtype)
         return out.transpose(1, 2).reshape(b, n, h * d)
@@ -456,7 +458,7 @@ class LeanLlama(DecoderStack):
         """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of
         PREFILL_ROWS rows, and from how many rows it beats the 4-bit ones (where the two times, taken as linear in
         the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of
-        PREFILL_REPEATS).
+        PREFILL_REPEATS); and the dtype of the prompt's causal attention (`_fastest_causal_attention`).
         On the 2-core Zen 4 EPYC the 8-bit-activation kernel beats bf16 at 64 rows (58.6 against 72.5 ms for a
         whole prefill) and loses at 256 (314 against 227) and 800 (1,142 against 889): the crossing is near 90
         rows. On the AVX2 EPYC, with torch's kernel, fp32 took half the 4-bit time at 64 rows. The candidates take
@@ -486,27 +488,25 @@ class LeanLlama(DecoderStack):
             times = {dtype: tuple(statistics.median(samples[(dtype, rows)]) for rows in PREFILL_ROWS)
                      for dtype in candidates}
             dtype, start = prefill_choice(times)
-            return dtype, start, self._fastest_causal_attention() if dtype is not None else torch.float32
+            return dtype, start, self._fastest_causal_attention()
 
     def _fastest_causal_attention(self) -> torch.dtype:
         """The dtype (of PREFILL_DTYPES) in which one layer's causal attention over the longer of PREFILL_ROWS tokens
-        is the fastest, casts included (medians of 5). On the Intel Xeon with AMX, 30 layers at 769 tokens: fp32
-        158 ms, bf16 79 (whole prefills of 12 benchmark prompts 1.07 -> 0.86 ms a token)."""
+        is the fastest, casts included (medians of PREFILL_REPEATS, the candidates taking turns). On the Intel Xeon
+        with AMX, 30 layers at 769 tokens: fp32 158 ms, bf16 (SDPA) 79 (whole prefills of 12 benchmark prompts 1.07
+        -> 0.86 ms a token). On the 2-core Zen 4 EPYC, the block kernel's fp32 against its bf16 products at 800 /
+        1,200 tokens: 144 / 303 ms against 93 / 216."""
         rows = PREFILL_ROWS[1]
         q = torch.randn(1, self.heads, rows, self.head_dim)
         keys, values = (torch.randn(1, self.kv_heads, rows, self.head_dim) for _ in range(2))
-
-        def median_s(dtype: torch.dtype) -> float:
-            times = []
-            for _ in range(5):
+        samples: dict[torch.dtype, list[float]] = {dtype: [] for dtype in PREFILL_DTYPES}
+        for repeat in range(PREFILL_REPEATS + 1):
+            for dtype, taken in samples.items():
                 start = time.perf_counter()
                 self._causal(q, keys, values, dtype)
-                times.append(time.perf_counter() - start)
-            return statistics.median(times)
-
-        for dtype in PREFILL_DTYPES:
-            median_s(dtype)  # first calls pay one-time costs
-        return min(PREFILL_DTYPES, key=median_s)
+                if repeat:  # the first calls pay one-time costs
+                    taken.append(time.perf_counter() - start)
+        return min(PREFILL_DTYPES, key=lambda dtype: statistics.median(samples[dtype]))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
                 mask: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:

@@ -287,8 +287,7 @@ class Target:
         unread: tuple[torch.nn.Module, ...] = ()  # modules inference never runs: no 4-bit or packed copy for them
         if isinstance(drafter, FeatureDrafter):
             lean = self._lean
-            prompts = (lean.prefill_dtype, lean.prefill_from, lean.prefill_attention) \
-                if self.int4 and lean.prefill_dtype is not None else None
+            prompts = (lean.prefill_dtype, lean.prefill_from, lean.prefill_attention) if self.int4 else None
             drafter.use_lean(Int4Matrix.quantize if self.int4 else lambda weight: PackedMatrix(weight, pack=self.pack),
                              prompts)
             unread = (drafter.transformer.layers,)  # the stack holds their products now

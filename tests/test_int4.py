@@ -132,6 +132,30 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
         assert run.token_ids == ar.token_ids, method
 
 
+def test_a_prompt_on_the_4_bit_products_may_take_a_bf16_attention_and_speculation_still_follows_ar(monkeypatch):
+    """Where no float weights beat 4 bits but a bf16 causal attention is measured faster, every prompt keeps the
+    4-bit products and takes that attention, the drafters' passes over it too (no float weights for them either);
+    AR and speculation share the prefill, so greedy speculation still equals this path's AR."""
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0, torch.bfloat16))
+    engine = tiny_int4_engine(5)
+    lean = engine.target.lean
+    assert lean.prefill_layers is None and lean.prompt_layers(3) == (lean.layers, torch.bfloat16)
+    for kind in ("eagle2", "gumiho"):
+        stack = engine.drafters[kind].lean
+        assert stack.prefill_layers is None and stack.prompt_layers(3) == (stack.layers, torch.bfloat16), kind
+    ids = torch.randint(0, 16, (40,), generator=torch.Generator().manual_seed(5))
+    as_prefill = engine.target.features(ids, engine.target.new_cache(), prefill=True)
+    lean.prefill_attention = None  # the stack's fp32
+    in_fp32 = engine.target.features(ids, engine.target.new_cache(), prefill=True)
+    lean.prefill_attention = torch.bfloat16
+    assert not torch.equal(as_prefill, in_fp32) and (as_prefill - in_fp32).abs().max() < 3e-2
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids.tolist())
+    for method, tree in {"eagle2": TreeSettings(top_k=4, depth=5, total_tokens=24),
+                         "gumiho": TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)}.items():
+        run = engine.generate("", method, GenerationConfig(max_new_tokens=30, tree=tree), prompt_ids=ids.tolist())
+        assert run.token_ids == ar.token_ids, method
+
+
 @pytest.mark.parametrize("dtype, within", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_a_drafters_pass_over_a_long_prompt_takes_the_targets_prefill_weights(monkeypatch, dtype, within):
     """A drafter's first cycle runs its layers over the whole prompt: from the target's `prefill_from` tokens on,

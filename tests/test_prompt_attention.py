@@ -100,3 +100,60 @@ def test_the_256_bit_build_gives_the_same_attention(kernel, monkeypatch):
         q, keys, values = inputs(1, 9, 3, n, past, 64, seed=n)
         torch.testing.assert_close(narrow.causal(q, keys, values, past, 0.125),
                                    kernel.causal(q, keys, values, past, 0.125), rtol=0, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def bf16_kernel(kernel):
+    if not kernel.bf16_available():
+        pytest.skip("the bf16 products need AVX512-BF16")
+    return kernel
+
+
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    return x.bfloat16().double()
+
+
+@pytest.mark.parametrize("n, past", [(1, 0), (2, 0), (31, 0), (33, 0), (64, 0), (65, 0), (200, 0), (517, 0),
+                                     (45, 1), (45, 40), (70, 301)])
+def test_its_bf16_products_give_the_attention_of_the_rounded_inputs(bf16_kernel, n, past):
+    """With bf16 products, the attention is that of the queries (scaled), keys and values rounded to bf16, to the
+    rounding of the softmax's weights (relative 2^-9 each), and at most SDPA's own bf16 error from the exact one, for
+    any length across the blocks' edges (odd key counts leave a half-filled last pair) and a cached prefix."""
+    q, keys, values = inputs(1, 9, 3, n, past, 64, seed=n + past)
+    scale = 64 ** -0.5
+    out = bf16_kernel.causal(q, keys, values, past, scale, True)
+    visible = torch.ones(n, past + n, dtype=torch.bool).tril(past)
+    of_rounded = F.scaled_dot_product_attention(rounded(q * scale), rounded(keys), rounded(values), attn_mask=visible,
+                                                enable_gqa=True, scale=1.0).float().transpose(1, 2).reshape(out.shape)
+    torch.testing.assert_close(out, of_rounded, rtol=0, atol=4e-3)
+    exact = reference(q, keys, values, past)
+    sdpa = F.scaled_dot_product_attention(q.bfloat16(), keys.bfloat16(), values.bfloat16(), attn_mask=visible,
+                                          enable_gqa=True).float().transpose(1, 2).reshape(out.shape)
+    assert (out - exact).abs().max() <= 1.5 * (sdpa - exact).abs().max()
+    assert not torch.equal(out, bf16_kernel.causal(q, keys, values, past, scale))  # not the fp32 products
+
+
+def test_the_bf16_products_never_change_with_the_thread_count_and_wide_heads_work(bf16_kernel):
+    q, keys, values = inputs(2, 6, 2, 130, 7, 128, seed=9)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = bf16_kernel.causal(q, keys, values, 7, 128 ** -0.5, True)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(bf16_kernel.causal(q, keys, values, 7, 128 ** -0.5, True), alone)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(alone, reference(q, keys, values, 7), rtol=0, atol=2e-2)
+
+
+def test_bf16_products_are_refused_where_the_build_has_none(kernel, monkeypatch):
+    """Asked of a build without them (here, or the 256-bit build an AVX2-only processor runs): a message, not fp32."""
+    if kernel.bf16_available():
+        if not kernels.wide_vnni():
+            pytest.skip("no build without bf16 products to make here")
+        monkeypatch.setattr(kernels, "WIDE", tuple(name for name in kernels.WIDE if name != "prompt_attention"))
+        kernel = kernels._build("prompt_attention")
+    assert not kernel.bf16_available()
+    q, keys, values = inputs(1, 9, 3, 10, 0, 64)
+    with pytest.raises(RuntimeError, match="AVX512-BF16"):
+        kernel.causal(q, keys, values, 0, 0.125, True)

@@ -1,5 +1,5 @@
-// Causal attention over a prompt on a CPU (kernels/__init__.py's `prompt_attention`), in fp32: flash attention's
-// forward pass. Each work unit takes a block of query tokens of one KV head, the rows of every query head that reads
+// Causal attention over a prompt on a CPU (kernels/__init__.py's `prompt_attention`), in fp32 or, where the processor
+// has AVX512-BF16, with bf16 products (`Bf16`): flash attention's forward pass. Each work unit takes a block of query tokens of one KV head, the rows of every query head that reads
 // that KV head together, and walks the visible keys a block at a time with a running maximum and sum, so the scores
 // never leave the cache. Where torch's SDPA computes a 9-head, 3-KV-head, 64-wide attention over 800 tokens at about
 // 55 GMAC/s on the 2-core Zen 5 EPYC, the blocks here share each key and value load among 4 query rows.
@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -33,7 +35,7 @@ constexpr int KEYS = 4 * W;        // keys per block: four vectors of scores per
 constexpr int64_t TOKENS = 32;     // query tokens per work unit (rows: TOKENS times the query heads per KV head)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-// Four vectors from p, and acc[j] += x * v[j] for them: the step both products below repeat for each of R rows.
+// Four vectors from p, and acc[j] += x * v[j] for them: the step both fp32 products below repeat for each of R rows.
 inline void load4(const float* p, V* v) {
     for (int j = 0; j < 4; ++j) v[j] = Lanes::load(p + j * W);
 }
@@ -42,40 +44,154 @@ inline void fmadd4(float x, const V* v, V* acc) {
     for (int j = 0; j < 4; ++j) acc[j] = Lanes::fmadd(b, v[j], acc[j]);
 }
 
-// s[r][k] = q[r] . kt[., k] for R query rows of d values (already scaled) and a block of KEYS keys stored
-// transposed (kt[i * KEYS + k] is dimension i of key k).
-template <int R>
-inline void block_scores(const float* q, int64_t d, const float* kt, float* s) {
-    V acc[R][4], k[4];
-    for (int r = 0; r < R; ++r)
-        for (int j = 0; j < 4; ++j) acc[r][j] = Lanes::set1(0.f);
-    for (int64_t i = 0; i < d; ++i) {
-        load4(kt + i * KEYS, k);
-        for (int r = 0; r < R; ++r) fmadd4(q[r * d + i], k, acc[r]);
-    }
-    for (int r = 0; r < R; ++r)
-        for (int j = 0; j < 4; ++j) Lanes::store(s + r * KEYS + j * W, acc[r][j]);
-}
+// The products in fp32. Key tiles: each block of KEYS keys transposed, tile[i * KEYS + k] dimension i of key k.
+// Values: the cache's own rows.
+struct Fp32 {
+    using T = float;
 
-// o[r] = o[r] * rescale[r] + sum_k p[r][k] v[k] for R rows, over `keys` value rows (`vs` apart) of d values,
-// 4 vectors of outputs at a time.
-template <int R>
-inline void block_values(const float* p, int64_t keys, const float* v, int64_t vs, int64_t d, float* o,
-                         const float* rescale) {
-    for (int64_t c = 0; c < d; c += 4 * W) {
-        V acc[R][4], row[4];
-        for (int r = 0; r < R; ++r) {
-            const V f = Lanes::set1(rescale[r]);
-            for (int j = 0; j < 4; ++j) acc[r][j] = Lanes::mul(Lanes::load(o + r * d + c + j * W), f);
-        }
-        for (int64_t k = 0; k < keys; ++k) {
-            load4(v + k * vs + c, row);
-            for (int r = 0; r < R; ++r) fmadd4(p[r * KEYS + k], row, acc[r]);
+    static void query_row(const float* from, float scale, int64_t d, float* to) {
+        for (int64_t i = 0; i < d; ++i) to[i] = from[i] * scale;
+    }
+
+    static void key_tile(const float* keys, int64_t stride, int64_t count, int64_t d, float* tile) {
+        for (int64_t k = 0; k < KEYS; ++k)
+            for (int64_t i = 0; i < d; ++i) tile[i * KEYS + k] = k < count ? keys[k * stride + i] : 0.f;
+    }
+
+    // s[r][k] = q[r] . key k of the tile, for R query rows of d values (already scaled).
+    template <int R>
+    static void scores(const float* q, int64_t d, const float* kt, float* s) {
+        V acc[R][4], k[4];
+        for (int r = 0; r < R; ++r)
+            for (int j = 0; j < 4; ++j) acc[r][j] = Lanes::set1(0.f);
+        for (int64_t i = 0; i < d; ++i) {
+            load4(kt + i * KEYS, k);
+            for (int r = 0; r < R; ++r) fmadd4(q[r * d + i], k, acc[r]);
         }
         for (int r = 0; r < R; ++r)
-            for (int j = 0; j < 4; ++j) Lanes::store(o + r * d + c + j * W, acc[r][j]);
+            for (int j = 0; j < 4; ++j) Lanes::store(s + r * KEYS + j * W, acc[r][j]);
     }
-}
+
+    // o[r] = o[r] * rescale[r] + sum_k p[r][k] v[k] for R rows, over `keys` value rows (`vs` apart) of d values,
+    // 4 vectors of outputs at a time.
+    template <int R>
+    static void values(const float* p, int64_t keys, const float* v, int64_t vs, int64_t d, float* o,
+                       const float* rescale) {
+        for (int64_t c = 0; c < d; c += 4 * W) {
+            V acc[R][4], row[4];
+            for (int r = 0; r < R; ++r) {
+                const V f = Lanes::set1(rescale[r]);
+                for (int j = 0; j < 4; ++j) acc[r][j] = Lanes::mul(Lanes::load(o + r * d + c + j * W), f);
+            }
+            for (int64_t k = 0; k < keys; ++k) {
+                load4(v + k * vs + c, row);
+                for (int r = 0; r < R; ++r) fmadd4(p[r * KEYS + k], row, acc[r]);
+            }
+            for (int r = 0; r < R; ++r)
+                for (int j = 0; j < 4; ++j) Lanes::store(o + r * d + c + j * W, acc[r][j]);
+        }
+    }
+};
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define GUMIHO_PROMPT_BF16 1
+// The products in bf16 with fp32 sums (AVX512-BF16's vdpbf16ps: 32 products a vector where an fp32 FMA does 16):
+// queries, keys, values and the softmax's weights rounded to bf16 (vcvtne2ps2bf16: to nearest even), the running maximum, the sums
+// and the outputs kept in fp32. A pair of neighbours along the summed dimension shares each 32-bit lane, so key tiles
+// hold dimension pairs, tile[(i / 2 * KEYS + k) * 2 + i % 2], and values key pairs, [(k / 2 * d + c) * 2 + k % 2].
+struct Bf16 {
+    using T = uint16_t;  // a bf16's bits
+
+    static __m512bh pairs(int32_t two) { return (__m512bh)_mm512_set1_epi32(two); }  // one pair in every lane
+    static __m512i round32(__m512 low, __m512 high) {  // 32 floats rounded to nearest even, in order
+        return (__m512i)_mm512_cvtne2ps_pbh(high, low);
+    }
+
+    static void query_row(const float* from, float scale, int64_t d, uint16_t* to) {
+        const __m512 f = _mm512_set1_ps(scale);
+        for (int64_t i = 0; i < d; i += 32)
+            _mm512_storeu_si512(to + i, round32(_mm512_mul_ps(_mm512_loadu_ps(from + i), f),
+                                                _mm512_mul_ps(_mm512_loadu_ps(from + i + 16), f)));
+    }
+
+    // A key's dimension pair is one 32-bit word: key k's row rounded, then its words KEYS apart.
+    static void key_tile(const float* keys, int64_t stride, int64_t count, int64_t d, uint16_t* tile) {
+        alignas(64) uint32_t words[16];
+        for (int64_t k = 0; k < KEYS; ++k)
+            for (int64_t i = 0; i < d; i += 32) {
+                const __m512i row = k < count ? round32(_mm512_loadu_ps(keys + k * stride + i),
+                                                        _mm512_loadu_ps(keys + k * stride + i + 16))
+                                              : _mm512_setzero_si512();
+                _mm512_store_si512(words, row);
+                for (int w = 0; w < 16; ++w) std::memcpy(tile + ((i / 2 + w) * KEYS + k) * 2, words + w, 4);
+            }
+    }
+
+    // A tile of value pairs for keys [0, count) of KEYS (0 past them): rows `stride` apart, d values. Two keys' 16
+    // columns rounded into one vector, then interleaved column by column.
+    static void value_tile(const float* values, int64_t stride, int64_t count, int64_t d, uint16_t* tile) {
+        const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                    23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        const __m512 zero = _mm512_setzero_ps();
+        for (int64_t k = 0; k < KEYS; k += 2)
+            for (int64_t c = 0; c < d; c += 16) {
+                const __m512 first = k < count ? _mm512_loadu_ps(values + k * stride + c) : zero;
+                const __m512 second = k + 1 < count ? _mm512_loadu_ps(values + (k + 1) * stride + c) : zero;
+                _mm512_storeu_si512(tile + (k / 2 * d + c) * 2,
+                                    _mm512_permutexvar_epi16(interleave, round32(first, second)));
+            }
+    }
+
+    template <int R>
+    static void scores(const uint16_t* q, int64_t d, const uint16_t* kt, float* s) {
+        __m512 acc[R][4];
+        for (int r = 0; r < R; ++r)
+            for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d / 2; ++i) {
+            __m512bh k[4];
+            for (int j = 0; j < 4; ++j) k[j] = (__m512bh)_mm512_loadu_si512(kt + (i * KEYS + j * W) * 2);
+            for (int r = 0; r < R; ++r) {
+                int32_t two;
+                std::memcpy(&two, q + r * d + 2 * i, sizeof two);
+                const __m512bh b = pairs(two);
+                for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], b, k[j]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int j = 0; j < 4; ++j) _mm512_storeu_ps(s + r * KEYS + j * W, acc[r][j]);
+    }
+
+    // As Fp32::values, from a tile of value pairs (`vs` unused): the weights p rounded to bf16 first.
+    template <int R>
+    static void values(const float* p, int64_t keys, const uint16_t* v, int64_t, int64_t d, float* o,
+                       const float* rescale) {
+        alignas(64) uint16_t weights[R][KEYS];
+        for (int r = 0; r < R; ++r)
+            for (int k = 0; k < KEYS; k += 32)
+                _mm512_store_si512(weights[r] + k,
+                                   round32(_mm512_loadu_ps(p + r * KEYS + k), _mm512_loadu_ps(p + r * KEYS + k + 16)));
+        for (int64_t c = 0; c < d; c += 4 * W) {
+            __m512 acc[R][4];
+            for (int r = 0; r < R; ++r) {
+                const __m512 f = _mm512_set1_ps(rescale[r]);
+                for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_mul_ps(_mm512_loadu_ps(o + r * d + c + j * W), f);
+            }
+            for (int64_t k = 0; k < keys; k += 2) {  // an odd count's last pair: the weight past it is 0
+                __m512bh row[4];
+                for (int j = 0; j < 4; ++j) row[j] = (__m512bh)_mm512_loadu_si512(v + (k / 2 * d + c + j * W) * 2);
+                for (int r = 0; r < R; ++r) {
+                    int32_t two;
+                    std::memcpy(&two, weights[r] + k, sizeof two);
+                    const __m512bh b = pairs(two);
+                    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], b, row[j]);
+                }
+            }
+            for (int r = 0; r < R; ++r)
+                for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o + r * d + c + j * W, acc[r][j]);
+        }
+    }
+};
+#endif
 
 // fn(std::integral_constant<int, R>{}) for R = min(rows, ROWS) (1 to 4): the blocks' rows, the last group shorter.
 template <typename F>
@@ -100,55 +216,65 @@ inline float largest(const float* x) {
     return *std::max_element(lane, lane + W);
 }
 
-// The keys [0, total) of one KV head (rows `stride` apart, d values) as tiles of KEYS keys, each transposed:
-// tile[i * KEYS + k] is dimension i of key k of the block (0 past the last key). Transposed once per call for every
-// query block, where each block once transposed its own copies (30 layers at 800 / 1,200 tokens on the 2-core Zen 5
-// EPYC: 91.2 -> 84.3 ms, 202.6 -> 184.8). A query block's keys past its last token enter as themselves rather than
-// as zeros: their scores are replaced by -inf all the same, so every output is what it was.
-inline void key_tiles(const float* keys, int64_t stride, int64_t total, int64_t d, float* tiles) {
+// The keys [0, total) of one KV head (rows `stride` apart, d values) as tiles of KEYS keys (M::key_tile), and where
+// M has them, its values too. Laid out once per call for every query block, where each block once transposed its own
+// copies (fp32, 30 layers at 800 / 1,200 tokens on the 2-core Zen 5 EPYC: 91.2 -> 84.3 ms, 202.6 -> 184.8). A query
+// block's keys past its last token enter as themselves rather than as zeros: their scores are replaced by -inf all
+// the same, so every output is what it was.
+template <typename M>
+void tiles_of(const float* rows, int64_t stride, int64_t total, int64_t d, bool values, typename M::T* tiles) {
     for (int64_t k0 = 0; k0 < total; k0 += KEYS) {
-        float* tile = tiles + k0 * d;
         const int64_t count = std::min<int64_t>(KEYS, total - k0);
-        for (int64_t k = 0; k < KEYS; ++k) {
-            const float* key = keys + (k0 + k) * stride;
-            for (int64_t i = 0; i < d; ++i) tile[i * KEYS + k] = k < count ? key[i] : 0.f;
-        }
+        if (!values)
+            M::key_tile(rows + k0 * stride, stride, count, d, tiles + k0 * d);
+#ifdef GUMIHO_PROMPT_BF16
+        else if constexpr (std::is_same_v<M, Bf16>)
+            M::value_tile(rows + k0 * stride, stride, count, d, tiles + k0 * d);
+#endif
     }
 }
 
 // One work unit: query tokens [t0, t1) of KV head `kv` in batch row `b`, every query head of the group.
+template <typename M>
 struct Unit {
-    const float *q, *values;
-    const float* tiles;  // every block of KEYS keys transposed once, [B * KV][key_blocks][d][KEYS] (key_tiles)
+    using T = typename M::T;
+    const float* q;
+    const T* tiles;    // every block of KEYS keys laid out once, [B * KV][key_blocks * KEYS * d] (tiles_of)
+    const T* values;   // the values' rows (Fp32: the cache's own, `vs` apart; Bf16: value tiles as the keys')
     float* out;
     int64_t n, past, d, groups, heads, kv_heads, key_blocks, qs[3], vs[3];
     float scale;
 
-    void operator()(int64_t b, int64_t kv, int64_t t0, std::vector<float>& scratch) const {
+    const T* values_of(int64_t b, int64_t kv) const {
+        if constexpr (std::is_same_v<M, Fp32>) return values + b * vs[0] + kv * vs[1];
+        return values + (b * kv_heads + kv) * key_blocks * KEYS * d;
+    }
+
+    void operator()(int64_t b, int64_t kv, int64_t t0, std::vector<float>& scratch, std::vector<T>& qrows) const {
         const int64_t t1 = std::min(n, t0 + TOKENS), span = t1 - t0, rows = groups * span;
-        scratch.resize(rows * d * 2 + rows * KEYS + 3 * rows);
-        float* qrows = scratch.data();             // [rows][d], scaled; row r: member r / span, token t0 + r % span
-        float* o = qrows + rows * d;               // [rows][d], running weighted sums of values
+        scratch.resize(rows * d + rows * KEYS + 3 * rows);
+        qrows.resize(rows * d);                    // [rows][d], scaled; row r: member r / span, token t0 + r % span
+        float* o = scratch.data();                 // [rows][d], running weighted sums of values
         float* s = o + rows * d;                   // [rows][KEYS], scores, then their exps
         float* top = s + rows * KEYS;              // [rows], running maximum
         float* sum = top + rows;                   // [rows], running sum of exps
         float* rescale = sum + rows;               // [rows], exp(old maximum - new)
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* from = q + b * qs[0] + (kv * groups + r / span) * qs[1] + (t0 + r % span) * qs[2];
-            for (int64_t i = 0; i < d; ++i) qrows[r * d + i] = from[i] * scale;
-        }
+        for (int64_t r = 0; r < rows; ++r)
+            M::query_row(q + b * qs[0] + (kv * groups + r / span) * qs[1] + (t0 + r % span) * qs[2], scale, d,
+                         qrows.data() + r * d);
         std::fill(o, o + rows * d, 0.f);
         std::fill(top, top + rows, NEG_INF);
         std::fill(sum, sum + rows, 0.f);
-        const float* kblocks = tiles + (b * kv_heads + kv) * key_blocks * KEYS * d;
-        const float* vbase = values + b * vs[0] + kv * vs[1];
+        const T* kblocks = tiles + (b * kv_heads + kv) * key_blocks * KEYS * d;
+        const T* vbase = values_of(b, kv);
+        const int64_t vkey = std::is_same_v<M, Fp32> ? vs[2] : d;  // elements from one key's values to the next
         const int64_t last = past + t1 - 1;  // the last key any of these rows sees
         for (int64_t k0 = 0; k0 <= last; k0 += KEYS) {
             const int64_t count = std::min<int64_t>(KEYS, last + 1 - k0);
-            const float* kt = kblocks + k0 * d;  // this block's tile: k0 / KEYS tiles of KEYS * d before it
+            const T* kt = kblocks + k0 * d;  // this block's tile: k0 / KEYS tiles of KEYS * d before it
             for (int64_t r0 = 0; r0 < rows; r0 += ROWS)
                 with_group(rows - r0, [&](auto group) {
-                    block_scores<decltype(group)::value>(qrows + r0 * d, d, kt, s + r0 * KEYS);
+                    M::template scores<decltype(group)::value>(qrows.data() + r0 * d, d, kt, s + r0 * KEYS);
                 });
             for (int64_t r = 0; r < rows; ++r) {
                 float* row = s + r * KEYS;
@@ -176,8 +302,8 @@ struct Unit {
             }
             for (int64_t r0 = 0; r0 < rows; r0 += ROWS)
                 with_group(rows - r0, [&](auto group) {
-                    block_values<decltype(group)::value>(s + r0 * KEYS, count, vbase + k0 * vs[2], vs[2], d,
-                                                         o + r0 * d, rescale + r0);
+                    M::template values<decltype(group)::value>(s + r0 * KEYS, count, vbase + k0 * vkey, vkey, d,
+                                                               o + r0 * d, rescale + r0);
                 });
         }
         for (int64_t r = 0; r < rows; ++r) {
@@ -188,6 +314,45 @@ struct Unit {
         }
     }
 };
+
+// The attention of `causal` and `causal_bf16` in M's products, into out.
+template <typename M>
+void attend(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values, int64_t past,
+            double scale, torch::Tensor& out) {
+    using T = typename M::T;
+    const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), KV = keys.size(1);
+    TORCH_CHECK(d % (4 * W) == 0, "causal: the head size must be a multiple of ", 4 * W);
+    const int64_t total = past + n, key_blocks = (total + KEYS - 1) / KEYS, tile = key_blocks * KEYS * d;
+    constexpr bool value_tiles = !std::is_same_v<M, Fp32>;
+    std::vector<T> tiles((value_tiles ? 2 : 1) * B * KV * tile);
+    at::parallel_for(0, (value_tiles ? 2 : 1) * B * KV, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const int64_t bkv = i % (B * KV);
+            const bool of_values = i >= B * KV;
+            const torch::Tensor& from = of_values ? values : keys;
+            tiles_of<M>(from.data_ptr<float>() + bkv / KV * from.stride(0) + bkv % KV * from.stride(1),
+                        from.stride(2), total, d, of_values, tiles.data() + i * tile);
+        }
+    });
+    const T* value_rows = tiles.data() + B * KV * tile;
+    if constexpr (!value_tiles) value_rows = values.data_ptr<float>();
+    const Unit<M> unit{q.data_ptr<float>(), tiles.data(), value_rows, out.data_ptr<float>(), n, past, d, H / KV, H,
+                       KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
+                       {values.stride(0), values.stride(1), values.stride(2)}, static_cast<float>(scale)};
+    // Units dealt to the threads in turn, the costliest (latest tokens: the most keys) first, so that each thread
+    // gets about the same share of a causal attention's work.
+    const int64_t blocks = (n + TOKENS - 1) / TOKENS, units = B * KV * blocks;
+    const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units));
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scratch;
+        std::vector<T> qrows;
+        for (int64_t thread = begin; thread < end; ++thread)
+            for (int64_t u = thread; u < units; u += threads) {
+                const int64_t block = blocks - 1 - u / (B * KV), bkv = u % (B * KV);
+                unit(bkv / KV, bkv % KV, block * TOKENS, scratch, qrows);
+            }
+    });
+}
 #endif
 
 }  // namespace
@@ -200,10 +365,20 @@ bool available() {
 #endif
 }
 
+bool bf16_available() {
+#ifdef GUMIHO_PROMPT_BF16
+    return true;
+#else
+    return false;
+#endif
+}
+
 // q [B, H, n, d] fp32, heads ordered (KV head, member): head h reads KV head h / (H / KV); keys, values [B, KV,
 // >= past + n, d] fp32, rows contiguous (a view of a cache); query token t sees keys 0 .. past + t. Returns
-// [B, n, H * d] fp32, head h's output at columns [h d, (h + 1) d): ready for the output projection.
-torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t past, double scale) {
+// [B, n, H * d] fp32, head h's output at columns [h d, (h + 1) d): ready for the output projection. `bf16`: the
+// products in bf16 (Bf16), where the build has them (bf16_available).
+torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t past, double scale,
+                     bool bf16) {
     TORCH_CHECK(q.scalar_type() == torch::kFloat && keys.scalar_type() == torch::kFloat &&
                 values.scalar_type() == torch::kFloat, "causal: fp32 queries, keys and values");
     TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "causal: 4-d tensors");
@@ -214,29 +389,15 @@ torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
                 "causal: inconsistent shapes");
     auto out = torch::empty({B, n, H * d}, q.options());
 #ifdef GUMIHO_PROMPT_ATTENTION
-    TORCH_CHECK(d % (4 * W) == 0, "causal: the head size must be a multiple of ", 4 * W);
-    const int64_t total = past + n, key_blocks = (total + KEYS - 1) / KEYS;
-    auto tiles = torch::empty({B * KV, key_blocks * KEYS * d}, q.options());
-    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t bkv = begin; bkv < end; ++bkv)
-            key_tiles(keys.data_ptr<float>() + bkv / KV * keys.stride(0) + bkv % KV * keys.stride(1), keys.stride(2),
-                      total, d, tiles.data_ptr<float>() + bkv * key_blocks * KEYS * d);
-    });
-    const Unit unit{q.data_ptr<float>(), values.data_ptr<float>(), tiles.data_ptr<float>(),
-                    out.data_ptr<float>(), n, past, d, H / KV, H, KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
-                    {values.stride(0), values.stride(1), values.stride(2)}, static_cast<float>(scale)};
-    // Units dealt to the threads in turn, the costliest (latest tokens: the most keys) first, so that each thread
-    // gets about the same share of a causal attention's work.
-    const int64_t blocks = (n + TOKENS - 1) / TOKENS, units = B * KV * blocks;
-    const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units));
-    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scratch;
-        for (int64_t thread = begin; thread < end; ++thread)
-            for (int64_t u = thread; u < units; u += threads) {
-                const int64_t block = blocks - 1 - u / (B * KV), bkv = u % (B * KV);
-                unit(bkv / KV, bkv % KV, block * TOKENS, scratch);
-            }
-    });
+    if (!bf16) {
+        attend<Fp32>(q, keys, values, past, scale, out);
+        return out;
+    }
+#ifdef GUMIHO_PROMPT_BF16
+    attend<Bf16>(q, keys, values, past, scale, out);
+    return out;
+#endif
+    TORCH_CHECK(false, "causal: built without AVX512-BF16");
 #else
     TORCH_CHECK(false, "causal: built without AVX2");
 #endif
@@ -245,5 +406,8 @@ torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("available", &available, "Whether this build has the vector code (AVX2 or AVX-512)");
-    m.def("causal", &causal, "Causal attention over a prompt, blocks of queries against blocks of keys (fp32; CPU)");
+    m.def("bf16_available", &bf16_available, "Whether this build has the bf16 products (AVX512-BF16)");
+    m.def("causal", &causal, "Causal attention over a prompt, blocks of queries against blocks of keys (CPU)",
+          pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("past"),
+          pybind11::arg("scale"), pybind11::arg("bf16") = false);
 }
