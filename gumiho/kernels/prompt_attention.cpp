@@ -53,6 +53,14 @@ struct Fp32 {
         for (int64_t i = 0; i < d; ++i) to[i] = from[i] * scale;
     }
 
+    static float lane_sum(V total) {  // lane by lane, in order
+        alignas(64) float lane[W];
+        Lanes::store(lane, total);
+        float added = 0.f;
+        for (int i = 0; i < W; ++i) added += lane[i];
+        return added;
+    }
+
     static void key_tile(const float* keys, int64_t stride, int64_t count, int64_t d, float* tile) {
         for (int64_t k = 0; k < KEYS; ++k)
             for (int64_t i = 0; i < d; ++i) tile[i * KEYS + k] = k < count ? keys[k * stride + i] : 0.f;
@@ -106,6 +114,8 @@ struct Bf16 {
     static __m512i round32(__m512 low, __m512 high) {  // 32 floats rounded to nearest even, in order
         return (__m512i)_mm512_cvtne2ps_pbh(high, low);
     }
+
+    static float lane_sum(__m512 total) { return _mm512_reduce_add_ps(total); }  // in a tree
 
     static void query_row(const float* from, float scale, int64_t d, uint16_t* to) {
         const __m512 f = _mm512_set1_ps(scale);
@@ -208,12 +218,16 @@ inline void with_group(int64_t rows, const F& fn) {
     }
 }
 
-inline float largest(const float* x) {
+inline float largest(const float* x) {  // exact in any order
     V m = Lanes::load(x);
     for (int j = 1; j < 4; ++j) m = Lanes::max(m, Lanes::load(x + j * W));
+#if defined(__AVX512F__)
+    return _mm512_reduce_max_ps(m);
+#else
     alignas(64) float lane[W];
     Lanes::store(lane, m);
     return *std::max_element(lane, lane + W);
+#endif
 }
 
 // The keys [0, total) of one KV head (rows `stride` apart, d values) as tiles of KEYS keys (M::key_tile), and where
@@ -293,11 +307,7 @@ struct Unit {
                 std::fill(row + seen, row + KEYS, 0.f);  // exp_lanes clamps -inf to a tiny number, not zero
                 V total = Lanes::load(row);
                 for (int j = 1; j < 4; ++j) total = Lanes::add(total, Lanes::load(row + j * W));
-                alignas(64) float lane[W];
-                Lanes::store(lane, total);
-                float added = 0.f;
-                for (int i = 0; i < W; ++i) added += lane[i];
-                sum[r] = sum[r] * rescale[r] + added;
+                sum[r] = sum[r] * rescale[r] + M::lane_sum(total);
                 top[r] = best;
             }
             for (int64_t r0 = 0; r0 < rows; r0 += ROWS)
