@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,6 +43,19 @@ def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: fl
     model.to(TEST_DEVICE, TEST_DTYPE)  # built on the CPU first, so every device gets the same weights
     return Target(model=model, tokenizer=tiny_tokenizer(vocab), name=f"tiny-{seed}", device=TEST_DEVICE,
                   dtype=TEST_DTYPE, eos_ids=set())
+
+
+def use_cache(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Path:
+    """`folder` as GUMIHO_CACHE (profiles, converted models, prefill choices start empty) sharing the suite's built
+    kernels: a kernel builds in about 40 s on a 2-core machine, which a run inside its time budget must not include."""
+    from gumiho.target import cache_root
+
+    built = cache_root() / "kernels"
+    built.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernels").symlink_to(built, target_is_directory=True)
+    monkeypatch.setenv("GUMIHO_CACHE", str(folder))
+    return folder
 
 
 # The methods a tiny engine has drafters for (lookup and recycle have no weights).

@@ -138,11 +138,11 @@ def test_a_step_of_the_campaign_itself_pauses_nothing(tmp_path):
 def test_the_machine_profile_is_measured_with_the_campaign_paused(campaign, tmp_path, monkeypatch):
     """A profile measured under the campaign's load would be cached, and would misjudge every later run."""
     from gumiho import profile as prof
-    from tests.conftest import random_drafter, tiny_target
+    from tests.conftest import random_drafter, tiny_target, use_cache
 
     worker, pid_file = campaign
     monkeypatch.setenv("GUMIHO_CAMPAIGN_PID", str(pid_file))
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path / "cache"))
+    use_cache(monkeypatch, tmp_path / "cache")
     seen = []
 
     def measure(target, drafters, **kwargs):

@@ -18,7 +18,7 @@ from gumiho.llama import PREFILL_ROWS, LeanLlama
 from gumiho.profile import ExecPath, candidate_paths, prefill_path, target_for
 from gumiho.tree import TreeSettings
 
-from .conftest import random_drafter, tiny_target
+from .conftest import random_drafter, tiny_target, use_cache
 
 pytestmark = pytest.mark.skipif(not int4_available(), reason="this torch has no CPU int4 kernel")
 
@@ -206,7 +206,7 @@ def test_a_prompt_takes_the_float_weights_from_where_they_beat_4_bits():
 def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(monkeypatch, tmp_path):
     """The choice changes a long prompt's numerics and so its greedy text: every process on a machine must make the
     same one. The first load measures and writes it; the next ones read it; a damaged file is measured again."""
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    use_cache(monkeypatch, tmp_path)
     measured = []
 
     def fastest(self, first):
@@ -240,7 +240,7 @@ def test_how_the_products_ask_for_weights_is_measured_at_every_load(monkeypatch,
     keeps them."""
     if int4.q4_matmul() is None:
         pytest.skip("our 4-bit kernel does not build here (the setting is its argument)")
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    use_cache(monkeypatch, tmp_path)
     monkeypatch.setattr(int4, "AHEAD", int4.AHEAD)  # restored after the test
     monkeypatch.setattr(int4, "KEEP", int4.KEEP)
     measured = []

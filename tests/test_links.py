@@ -201,13 +201,13 @@ def test_a_live_link_reruns_through_generate_with_its_seed_then_shows_its_cycle(
     from app.service import EngineLoader
     from gumiho.engine import Engine
 
-    from .conftest import random_drafter, tiny_target
+    from .conftest import random_drafter, tiny_target, use_cache
 
     def tiny_engine(report) -> Engine:
         target = tiny_target()
         return Engine(target, {m: random_drafter(m, target) for m in ("eagle2", "gumiho")})
 
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    use_cache(monkeypatch, tmp_path)
     events = page_with(EngineLoader(tiny_engine).load())
     explore, asked = events.handlers.explore, request("prompt=w1+w2+w3+w1+w2&method=eagle2&seed=3&max_new_tokens=8"
                                                       "&top_k=2&cycle=1&methods=medusa,eagle2")

