@@ -48,13 +48,13 @@ def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: fl
 def use_cache(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Path:
     """`folder` as GUMIHO_CACHE (profiles, converted models, prefill choices start empty) sharing the suite's built
     kernels: a kernel builds in about 40 s on a 2-core machine, which a run inside its time budget must not include."""
-    from gumiho.target import cache_root
+    from gumiho.kernels import kernel_root
 
-    built = cache_root() / "kernels"
+    built = kernel_root()
     built.mkdir(parents=True, exist_ok=True)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "kernels").symlink_to(built, target_is_directory=True)
     monkeypatch.setenv("GUMIHO_CACHE", str(folder))
+    kernel_root().parent.mkdir(parents=True, exist_ok=True)
+    kernel_root().symlink_to(built, target_is_directory=True)
     return folder
 
 

@@ -104,16 +104,21 @@ def source_digest() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
 
 
-def build_folder(name: str) -> tuple[Path, str]:
-    """Where `<name>.cpp` is built on this machine, and the name of its extension module."""
+def kernel_root() -> Path:
+    """The folder of every built kernel, inside the user's cache."""
     from ..target import cache_root  # not at import time: target.py imports llama.py, which imports this
 
+    return cache_root() / "kernels"
+
+
+def build_folder(name: str) -> tuple[Path, str]:
+    """Where `<name>.cpp` is built on this machine, and the name of its extension module."""
     source = HERE / f"{name}.cpp"
     shared = b"".join(header.read_bytes() for header in sorted(HERE.glob("*.h")))
     capability = torch.backends.cpu.get_cpu_capability()
     recipe = source.read_bytes() + shared + torch.__version__.encode() + " ".join(_flags(name, capability)).encode()
     digest = hashlib.sha256(recipe).hexdigest()[:12]
-    return cache_root() / "kernels" / f"{name}-{digest}-{capability.lower()}", f"gumiho_{name}_{digest}"
+    return kernel_root() / f"{name}-{digest}-{capability.lower()}", f"gumiho_{name}_{digest}"
 
 
 def _build(name: str) -> ModuleType | None:
