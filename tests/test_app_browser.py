@@ -135,8 +135,8 @@ def test_a_small_tree_keeps_its_labels_inside_the_plot_too(page):
     # A value the engine's automatic tree does not have (the status line names that tree): the page keeps the
     # automatic tree (sized, the lookup switch's up to 8 tokens) where the controls are left at its values. The
     # field itself is no guide: it can still show the page's default when this test reads it.
-    status = page.get_by_text(re.compile(r"Gumiho tree \d+ tokens?")).first.inner_text()
-    automatic = int(re.search(r"Gumiho tree (\d+) token", status).group(1))
+    automatic_tree = re.compile(r"Gumiho tree (\d+) tokens?")
+    automatic = int(automatic_tree.search(page.get_by_text(automatic_tree).first.inner_text()).group(1))
     set_number(page, total, 2 if automatic != 2 else 3)
     click_until(page, page.get_by_role("button", name="Generate", exact=True), "Done.")
     # The shown cycle's caption: hidden tabs hold captions of their own, which `first` alone could pick and wait on.
