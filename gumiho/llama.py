@@ -39,6 +39,9 @@ PREFILL_REPEATS = 7  # timings of each candidate and row count behind the prefil
 ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
 
+TILE = 16  # keys per kept tile (kernels/attention.cpp, KeptTiles)
+
+
 class StaticCache:
     """Keys and values of every layer in two pre-allocated tensors [layers, batch, kv_heads, capacity, head_dim].
 
@@ -46,13 +49,29 @@ class StaticCache:
     pads masked). A forward writes its new tokens at [length, length + n) and advances `length`; `keep(prefix,
     nodes)` compacts a verified tree to its accepted path in place (one gather for all layers); `keep_rows` drops
     finished rows of a batch. The capacity doubles when needed.
+
+    `tiles` (an fp16 cache read by the 512-bit row-consistent attention): the keys also kept transposed in blocks of
+    TILE, [layers, batch, kv_heads, capacity / TILE, head_dim * TILE], of which the attention keeps the first
+    `tiled[layer]` keys up to date (it transposes each committed block once, where it had transposed every block of
+    a tree's call again). Whatever changes keys below that count lowers it: `truncate`, `crop`, `keep`.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 capacity: int = 512, batch: int = 1):
+                 capacity: int = 512, batch: int = 1, tiles: bool = False):
         self.keys = torch.empty(layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.values = torch.empty_like(self.keys)
         self.length = 0
+        self.tiles = self._new_tiles(capacity) if tiles else torch.empty(0, dtype=torch.float16)
+        self.tiled = torch.zeros(layers, dtype=torch.long)
+
+    def _new_tiles(self, capacity: int) -> torch.Tensor:
+        layers, batch, kv_heads, _, head_dim = self.keys.shape
+        return self.keys.new_empty(layers, batch, kv_heads, -(-capacity // TILE), head_dim * TILE)
+
+    def _forget_tiles(self, length: int) -> None:
+        """Keys from `length` on may change: the tiles no longer vouch for them."""
+        if self.tiles.numel():
+            self.tiled.clamp_(max=length // TILE * TILE)
 
     def get_seq_length(self) -> int:
         return self.length
@@ -70,6 +89,10 @@ class StaticCache:
             new = old.new_empty(*old.shape[:3], capacity, old.shape[4])
             new[..., : self.length, :] = old[..., : self.length, :]
             setattr(self, name, new)
+        if self.tiles.numel():
+            tiles = self._new_tiles(capacity)
+            tiles[:, :, :, : self.tiles.shape[3]] = self.tiles
+            self.tiles = tiles
 
     def keep(self, prefix_len: int, nodes: torch.Tensor) -> None:
         """Keep the prefix and the entries of tree `nodes` (root first, in path order); drop the rest."""
@@ -78,20 +101,25 @@ class StaticCache:
             slots = nodes.to(self.keys.device) + prefix_len
             self.keys[..., prefix_len : prefix_len + n, :] = self.keys[..., slots, :]
             self.values[..., prefix_len : prefix_len + n, :] = self.values[..., slots, :]
+            self._forget_tiles(prefix_len)
         self.length = prefix_len + n
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows `rows`, in that order (a copy of the filled slots)."""
         self.keys = self.keys[:, rows, :, : self.length].contiguous()
         self.values = self.values[:, rows, :, : self.length].contiguous()
+        if self.tiles.numel():
+            self.tiles = self.tiles[:, rows, :, : -(-self.length // TILE)].contiguous()
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens (a draft's expansions never survive its call)."""
         self.length = min(self.length, length)
+        self._forget_tiles(self.length)
 
     def crop(self, count: int) -> None:
         """Drop the last `count` tokens (a negative count, as transformers' `DynamicCache.crop` takes, works too)."""
         self.length -= abs(count)
+        self._forget_tiles(self.length)
 
 
 Matrix = PackedMatrix | Int4Matrix | CastMatrix  # a callable x -> x @ W.T (+ bias)
@@ -159,6 +187,7 @@ class DecoderStack:
         consistent = device.type == "cpu" and dtype == torch.float32 and head_dim % 16 == 0
         self.row_attention = row_attention() if consistent else None
         self.row_ops = row_ops() if consistent else None  # the same rows' norms and gated product, one call each
+        self.keeps_tiles = False  # whether its caches keep transposed keys (an fp16 cache: LeanLlama's int4 path)
         # A prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp): 2.4-2.9x SDPA's speed on the
         # 2-core Zen 5 EPYC from 256 to 1,200 tokens; and with bf16 products where the processor has AVX512-BF16.
         self.prompt_kernel = prompt_attention() if device.type == "cpu" and head_dim % 64 == 0 else None
@@ -171,7 +200,8 @@ class DecoderStack:
         return self.prefill_layers or self.layers, self.prefill_attention
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
-        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device, capacity, batch)
+        return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device, capacity, batch,
+                           tiles=self.keeps_tiles)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor | None, ops: ModuleType | None = None) -> torch.Tensor:
         if weight is None:
@@ -284,7 +314,7 @@ class DecoderStack:
             qkv = layer.qkv(self._rms(x, layer.input_norm, ops))
             if rows_kernel is not None:  # rotary, cache writes and attention in one call
                 out = rows_kernel.attend(qkv, cos, sin, cache.keys[i], cache.values[i], visible, self.heads, past,
-                                         self.head_dim ** -0.5)
+                                         self.head_dim ** -0.5, cache.tiles, cache.tiled, i)
             else:
                 out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask, causal_dtype)
             x, h = self._add_rms(x, layer.o(out), layer.post_norm, ops)
@@ -349,6 +379,8 @@ class LeanLlama(DecoderStack):
             # streams (46 KB a cached token in fp32 for the default model), keys within 4e-4 of their fp32 values.
             if int4 is not None and self.row_attention is not None:
                 self.kv_dtype = torch.float16
+                # whose keys its 512-bit build also keeps transposed (StaticCache.tiles)
+                self.keeps_tiles = self.row_attention.keeps_tiles() and self.head_dim in (64, 128)
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits,
             # and its causal attention in the dtype measured fastest.
             self.prefill_dtype: torch.dtype | None = None

@@ -180,6 +180,52 @@ def test_attend_rounds_what_it_writes_to_an_fp16_cache(kernel):
     torch.testing.assert_close(out, wide, rtol=0, atol=5e-3)
 
 
+def test_kept_key_tiles_give_the_keys_own_numbers_through_growth_compaction_and_truncation(kernel):
+    """An fp16 cache that keeps its keys transposed (StaticCache.tiles, the 512-bit build): every call's output and
+    the keys it writes equal, bit for bit, those of the same cache without tiles, over trees of 1 to 12 tokens, the
+    accepted paths compacted (`keep`), the cache grown (`reserve`) and cut back (`truncate`, `crop`) below what the
+    tiles held, and batch rows dropped (`keep_rows`)."""
+    from gumiho.llama import TILE, StaticCache
+
+    if not kernel.keeps_tiles():
+        pytest.skip("this build keeps no tiles (no 512-bit vectors)")
+    heads, layers = KV_HEADS * GROUP, 2
+    g = torch.Generator().manual_seed(7)
+    tiled, plain = (StaticCache(layers, KV_HEADS, D, torch.float16, torch.device("cpu"), capacity=40, batch=2,
+                                tiles=tiles) for tiles in (True, False))
+    start = torch.randn(layers, 2, KV_HEADS, 37, D, generator=g).half()
+    for c in (tiled, plain):
+        c.keys[:, :, :, :37], c.values[:, :, :, :37], c.length = start, start.flip(-1), 37
+    sizes = [1, 4, 2, 12, 3, 1, 7, 5, 9, 3, 6, 4]
+    for step, n in enumerate(sizes * 2):
+        if step == len(sizes):
+            for c in (tiled, plain):
+                c.keep_rows(torch.tensor([1]))
+        batch, past = tiled.keys.shape[1], tiled.length
+        parents = [-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, n)]
+        visible = tree_visibility(parents, past, batch=batch)
+        qkv = torch.randn(batch, n, (heads + 2 * KV_HEADS) * D, generator=g)
+        angles = torch.rand(batch, n, D // 2, generator=g) * 6.0
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        for c in (tiled, plain):
+            c.reserve(past + n)
+        outs = [[kernel.attend(qkv, cos, sin, c.keys[i], c.values[i], visible, heads, past, D ** -0.5, c.tiles,
+                               c.tiled, i) for i in range(layers)] for c in (tiled, plain)]
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), (step, n)
+        assert torch.equal(tiled.keys[..., : past + n, :], plain.keys[..., : past + n, :])
+        if n >= 3:  # a tree of 3 tokens or more (TREE_ROWS query rows) scored the committed blocks from the tiles
+            assert tiled.tiled.tolist() == [past // TILE * TILE] * layers
+        path = torch.tensor([0] + [i for i in range(1, n) if parents[i] == i - 1][:2])
+        for c in (tiled, plain):
+            c.length = past + n
+            c.keep(past, path if step % 3 else torch.arange(len(path)))
+            if step % 5 == 4:
+                c.truncate(c.length - 20)
+            if step % 7 == 6:
+                c.crop(3)
+        assert int(tiled.tiled.max()) <= tiled.length // TILE * TILE
+
+
 BUILDS = (kernels.row_attention, kernels.row_ops, kernels.q8_matmul, kernels.q4_matmul, kernels.prompt_attention)
 
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -176,16 +177,22 @@ inline void transpose16(__m512 r[16]) {
     }
 }
 
-// `blocks` blocks of 16 keys (key rows `kstride` apart, fp32 or fp16), each as a tile of D x 16 fp32 numbers:
-// tile[block * D * 16 + i * 16 + k] = key 16 * block + k's dimension i.
-template <int D, typename T>
-inline void key_tiles(const T* key, int64_t kstride, int64_t blocks, float* tile) {
+// 16 numbers into a tile, as fp32 or (values that came from fp16 keys, so exactly) as fp16.
+inline void put16(float* to, __m512 x) { _mm512_storeu_ps(to, x); }
+inline void put16(Half* to, __m512 x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// `blocks` blocks of 16 keys (key rows `kstride` apart, fp32 or fp16), each as a tile of D x 16 numbers (U: fp32,
+// or fp16 for an fp16 cache's kept tiles): tile[block * D * 16 + i * 16 + k] = key 16 * block + k's dimension i.
+template <int D, typename T, typename U>
+inline void key_tiles(const T* key, int64_t kstride, int64_t blocks, U* tile) {
     for (int64_t block = 0; block < blocks; ++block, key += 16 * kstride, tile += D * 16) {
         for (int c = 0; c < D / 16; ++c) {
             __m512 r[16];
             for (int k = 0; k < 16; ++k) r[k] = widen(Floats16{}, key + k * kstride + 16 * c);
             transpose16(r);
-            for (int i = 0; i < 16; ++i) _mm512_storeu_ps(tile + (16 * c + i) * 16, r[i]);
+            for (int i = 0; i < 16; ++i) put16(tile + (16 * c + i) * 16, r[i]);
         }
     }
 }
@@ -194,8 +201,8 @@ inline void key_tiles(const T* key, int64_t kstride, int64_t blocks, float* tile
 // out[r * ostride + k]: per key the same operations in the same order (lane partials l over dimensions l, l + 16,
 // ..., then (l, l + 8), (l, l + 4), (l, l + 2), (l, l + 1)), with the keys in the lanes instead of the dimensions,
 // so that no shuffle sums them, and each tile vector read serves every row.
-template <int D, int ROWS>
-inline void tile_scores(const float* q, int64_t qstride, const float* tile, float scale, float* out,
+template <int D, int ROWS, typename U>
+inline void tile_scores(const float* q, int64_t qstride, const U* tile, float scale, float* out,
                         int64_t ostride) {
     constexpr int C = D / 16;
     __m512 b[ROWS][4];
@@ -205,15 +212,15 @@ inline void tile_scores(const float* q, int64_t qstride, const float* tile, floa
             const int l = j + 4 * h;
             __m512 p[ROWS], p8[ROWS];
             {
-                const __m512 k = _mm512_loadu_ps(tile + l * 16), k8 = _mm512_loadu_ps(tile + (l + 8) * 16);
+                const __m512 k = widen(Floats16{}, tile + l * 16), k8 = widen(Floats16{}, tile + (l + 8) * 16);
                 for (int r = 0; r < ROWS; ++r) {
                     p[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l]), k, _mm512_setzero_ps());
                     p8[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l + 8]), k8, _mm512_setzero_ps());
                 }
             }
             for (int c = 1; c < C; ++c) {
-                const __m512 k = _mm512_loadu_ps(tile + (l + 16 * c) * 16);
-                const __m512 k8 = _mm512_loadu_ps(tile + (l + 8 + 16 * c) * 16);
+                const __m512 k = widen(Floats16{}, tile + (l + 16 * c) * 16);
+                const __m512 k8 = widen(Floats16{}, tile + (l + 8 + 16 * c) * 16);
                 for (int r = 0; r < ROWS; ++r) {
                     p[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l + 16 * c]), k, p[r]);
                     p8[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * qstride + l + 8 + 16 * c]), k8, p8[r]);
@@ -239,20 +246,28 @@ inline void tile_scores(const float* q, int64_t qstride, const float* tile, floa
 // apart), scaled, into out[r * ostride + k]; `buffer` holds KEY_CHUNK * D floats. A tree's rows (R >= TREE_ROWS)
 // read the keys transposed once into tiles for all of them; fewer rows read them as they are, widened to fp32 once
 // (an fp16 cache). Both give the same numbers.
+// The scores of R query rows (D dimensions each, consecutive) against `blocks` consecutive tiles (key_tiles), into
+// out[r * ostride + k], four rows at a time sharing each tile vector.
+template <int D, typename U>
+void scores_from_tiles(const float* q, int64_t R, const U* tiles, int64_t blocks, float scale, float* out,
+                       int64_t ostride) {
+    for (int64_t r0 = 0; r0 < R; r0 += 4) {
+        with_rows(std::min<int64_t>(4, R - r0), [&](auto count) {
+            constexpr int ROWS = decltype(count)::value;
+            if constexpr (ROWS <= 4)
+                for (int64_t block = 0; block < blocks; ++block)
+                    tile_scores<D, ROWS>(q + r0 * D, D, tiles + block * D * 16, scale, out + r0 * ostride + 16 * block,
+                                         ostride);
+        });
+    }
+}
+
 template <int D, typename T>
 void wide_scores(const float* q, int64_t R, const T* keys, int64_t kstride, int64_t blocks, float scale, float* out,
                  int64_t ostride, float* buffer) {
     if (R >= TREE_ROWS) {
         key_tiles<D>(keys, kstride, blocks, buffer);
-        for (int64_t r0 = 0; r0 < R; r0 += 4) {
-            with_rows(std::min<int64_t>(4, R - r0), [&](auto count) {
-                constexpr int ROWS = decltype(count)::value;
-                if constexpr (ROWS <= 4)
-                    for (int64_t block = 0; block < blocks; ++block)
-                        tile_scores<D, ROWS>(q + r0 * D, D, buffer + block * D * 16, scale,
-                                             out + r0 * ostride + 16 * block, ostride);
-            });
-        }
+        scores_from_tiles<D>(q, R, buffer, blocks, scale, out, ostride);
         return;
     }
     const float* keys32 = buffer;
@@ -408,9 +423,24 @@ inline void weighted_rows(const float* p, int64_t stride, const T* value, int64_
 
 }  // namespace
 
+// An fp16 cache's keys kept transposed (key_tiles, fp16) for a layer, from one call to the next: `data` [B, KV,
+// capacity / 16, d * 16] (strides `b_stride`, `h_stride`), of which the first `*ready` keys are up to date. A call
+// transposes the keys committed since (those before its `past`, in whole blocks of 16) and scores every key before
+// them from the tiles, for calls of TREE_ROWS rows or more (those that transposed a chunk's keys for themselves):
+// a tree then never transposes the same keys again. Fewer rows score from the keys as before, and leave the tiles
+// as they are (a run of decode steps builds none); from fp16 tiles they were slower (2-core Zen 4 EPYC, 900-1,100
+// cached tokens, a forward with 1 / 2 new tokens 6.72 / 7.68 -> 6.75 / 7.65 ms and 7.04 / 8.41 -> 7.23 / 8.70). The
+// cache's owner (llama.StaticCache) lowers `*ready` whenever it changes keys before it. Scores from tiles are the
+// other paths' numbers, bit for bit.
+struct KeptTiles {
+    Half* data = nullptr;
+    int64_t b_stride = 0, h_stride = 0;
+    int64_t* ready = nullptr;
+};
+
 template <typename T>
 torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
-                           int64_t n, int64_t past, double scale) {
+                           int64_t n, int64_t past, double scale, KeptTiles kept = {}) {
     q = q.contiguous();
     const int64_t B = q.size(0), H = q.size(1), R = q.size(2), d = q.size(3), total = past + n;
     TORCH_CHECK(d % 16 == 0, "attention: head size must be a multiple of 16");
@@ -435,6 +465,31 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
     const float fscale = static_cast<float>(scale);
     const int64_t work = B * H * R * total * d;
 
+    // 0. The kept tiles brought up to the committed keys' last whole block: keys [0, tiled) are scored from them.
+    int64_t tiled = 0;
+#ifdef GUMIHO_WIDE
+    if constexpr (std::is_same_v<T, Half>) {
+        if (kept.data != nullptr && (d == 64 || d == 128) && R >= TREE_ROWS) {
+            tiled = past / 16 * 16;
+            const int64_t from = std::min(*kept.ready, tiled);
+            if (from < tiled) {
+                split(B * H, B * H * (tiled - from) * d * 16, [&](int64_t begin, int64_t end) {
+                    for (int64_t bh = begin; bh < end; ++bh) {
+                        const int64_t b = bh / H, h = bh % H;
+                        const Half* key = kp + b * ks0 + h * ks1 + from * ks2;
+                        Half* tile = kept.data + b * kept.b_stride + h * kept.h_stride + from * d;
+                        if (d == 64)
+                            key_tiles<64>(key, ks2, (tiled - from) / 16, tile);
+                        else
+                            key_tiles<128>(key, ks2, (tiled - from) / 16, tile);
+                    }
+                });
+            }
+            *kept.ready = tiled;
+        }
+    }
+#endif
+
     // 1. Scores, key chunk by key chunk (each key read once for all rows of its head).
     const int64_t chunks = (total + KEY_CHUNK - 1) / KEY_CHUNK;
     split(B * H * chunks, work, [&](int64_t begin, int64_t end) {
@@ -446,8 +501,15 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
             int64_t j = c * KEY_CHUNK;
             const int64_t stop = std::min(total, (c + 1) * KEY_CHUNK);
 #ifdef GUMIHO_WIDE
-            // The chunk's whole blocks of 16 keys, for head sizes of 64 and 128 (the others, and a chunk's tail,
-            // take `dots` below).
+            if (j < tiled) {  // from the kept tiles
+                const int64_t from_tiles = (std::min(stop, tiled) - j) / 16;
+                const Half* tiles = kept.data + b * kept.b_stride + h * kept.h_stride + j * d;
+                const auto scores = d == 64 ? scores_from_tiles<64, Half> : scores_from_tiles<128, Half>;
+                scores(qp + bh * R * d, R, tiles, from_tiles, fscale, pp + bh * R * total + j, total);
+                j += from_tiles * 16;
+            }
+            // The chunk's (other) whole blocks of 16 keys, for head sizes of 64 and 128 (the others, and a chunk's
+            // tail, take `dots` below).
             const int64_t blocks = d == 64 || d == 128 ? (stop - j) / 16 : 0;
             if (blocks) {
                 const auto scores = d == 64 ? wide_scores<64, T> : wide_scores<128, T>;
@@ -549,12 +611,12 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
 // visible: bool [B, n, total], or an empty tensor for causal visibility (token i sees keys 0 .. past + i).
 // Returns [B, H, R, d] fp32.
 torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
-                        int64_t n, int64_t past, double scale) {
+                        int64_t n, int64_t past, double scale, KeptTiles kept = {}) {
     const auto cache = keys.scalar_type();
     TORCH_CHECK(q.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
                 values.scalar_type() == cache, "attention: fp32 queries, fp32 or fp16 keys and values");
     TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention: key and value rows must be contiguous");
-    return cache == torch::kHalf ? attention_of<Half>(q, keys, values, visible, n, past, scale)
+    return cache == torch::kHalf ? attention_of<Half>(q, keys, values, visible, n, past, scale, kept)
                                  : attention_of<float>(q, keys, values, visible, n, past, scale);
 }
 
@@ -605,8 +667,12 @@ void rotate_and_store(const float* xp, const float* cp, const float* sp, int64_t
 // Queries sharing a KV head are grouped as `attention` takes them. Returns [B, n, H * d], ready for the output
 // projection. One call instead of a dozen small torch operations per layer (their dispatch cost more than their
 // arithmetic).
+// `tiles`, `ready`: the cache's kept key tiles of every layer, fp16 [layers, B, KV, capacity / 16, d * 16], and how
+// many keys of each layer they hold, int64 [layers] (KeptTiles); this call reads and updates `layer`'s. Empty
+// tensors: none kept (the call scores from the keys alone, with the same numbers).
 torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
-                     torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale) {
+                     torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale,
+                     torch::Tensor tiles, torch::Tensor ready, int64_t layer) {
     const auto cache = keys.scalar_type();
     TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
                 sin.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
@@ -626,7 +692,17 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
     else
         rotate_and_store<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads,
                                 KV, d, past, q.data_ptr<float>(), keys, values);
-    const torch::Tensor grouped = attention(q, keys, values, visible, n, past, scale);  // [B, KV, G * n, d]
+    KeptTiles kept;
+    if (tiles.defined() && tiles.numel() > 0) {
+        TORCH_CHECK(cache == torch::kHalf && tiles.scalar_type() == torch::kHalf && tiles.is_contiguous() &&
+                    tiles.dim() == 5 && tiles.size(1) == B && tiles.size(2) == KV && tiles.size(4) == d * 16 &&
+                    tiles.size(3) * 16 >= past && ready.scalar_type() == torch::kLong && ready.is_contiguous() &&
+                    layer >= 0 && layer < tiles.size(0) && ready.numel() == tiles.size(0),
+                    "attend: kept tiles fp16 [layers, B, KV, capacity / 16, d * 16] with int64 [layers] counts");
+        kept = {tiles.data_ptr<Half>() + layer * tiles.stride(0), tiles.stride(1), tiles.stride(2),
+                ready.data_ptr<int64_t>() + layer};
+    }
+    const torch::Tensor grouped = attention(q, keys, values, visible, n, past, scale, kept);  // [B, KV, G * n, d]
     auto out = torch::empty({B, n, heads * d}, qkv.options());
     const float* gp = grouped.data_ptr<float>();
     float* op = out.data_ptr<float>();
@@ -639,6 +715,20 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("attention", &attention, "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
-    m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection");
+    m.def("attention", [](torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible, int64_t n,
+                          int64_t past, double scale) { return attention(q, keys, values, visible, n, past, scale); },
+          "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
+    m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection",
+          pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
+          pybind11::arg("values"), pybind11::arg("visible"), pybind11::arg("heads"), pybind11::arg("past"),
+          pybind11::arg("scale"), pybind11::arg("tiles") = torch::empty({0}, torch::kHalf),
+          pybind11::arg("ready") = torch::empty({0}, torch::kLong),
+          pybind11::arg("layer") = 0);
+    m.def("keeps_tiles", [] {
+#ifdef GUMIHO_WIDE
+        return true;
+#else
+        return false;
+#endif
+    }, "Whether this build scores keys from kept tiles (attend's `tiles`: the 512-bit build, heads of 64 or 128)");
 }
