@@ -33,6 +33,17 @@ KV_TYPICAL = 512  # the KV length the choice is made for: a prompt plus a few hu
 # accepted tokens, the pool and tree bookkeeping, the walk): side by side on a 2-core Zen 4 EPYC, a 3-token tree it
 # rated 1% below a 2-token one ran 6-9% slower (docs/benchmarks.md, "A CPU with bf16 units").
 CHEAPER_WITHIN = 0.05
+# A screened path (profile.measure) is ruled out only where it would lose even this many times faster than its
+# one-token steps were timed: a busy moment on a shared machine slows a step by 10-15%.
+SCREEN_SLACK = 1.25
+
+
+class Unmeasured(GumihoError):
+    """The choice asked for needs these screened paths timed in full (`profile.complete`) before it can pick."""
+
+    def __init__(self, paths: list[ExecPath]):
+        super().__init__("the machine profile has not timed " + ", ".join(p.label for p in paths) + " in full")
+        self.paths = paths
 
 
 @dataclass
@@ -124,6 +135,38 @@ def best_tree(cost: PathCost, method: str, base: TreeSettings, acceptance: Accep
     return MethodChoice(method, tree, rate, rate / ar, "" if n > 1 else "drafting does not pay here: AR steps")
 
 
+def rate_bound(cost: PathCost, method: str, acceptance: Acceptance | None, top_k: int | None = None,
+               total_tokens: int | None = None) -> float:
+    """The most tokens/s that `best_tree` could expect of `method` on `cost`'s path: each of its trees' tau over
+    T(n) alone, as if the draft and the head rows were free; AR's rate where the statistics give no tree. A
+    screened path's curves are lower bounds, and so this bounds what its full timing would give."""
+    rate = 1e3 / cost.verify_at(1, KV_TYPICAL)
+    if acceptance is None or method == "ar":
+        return rate
+    for k in [top_k] if top_k else sorted(acceptance.prefix_ranks):
+        if k not in acceptance.prefix_ranks:
+            continue
+        sizes = [total_tokens] if total_tokens else [n for n in SIZES if 2 <= n <= widest_tree(method, k).total_tokens]
+        for n in sizes:
+            rate = max(rate, 1e3 * acceptance.tau(k, n) / cost.verify_at(n, KV_TYPICAL))
+    return rate
+
+
+def outpaced(screened: PathCost, timed: PathCost, methods: list[str], acceptance: dict[str, Acceptance | None],
+             device_type: str) -> bool:
+    """Whether the `screened` path cannot be the fastest for any of `methods` at automatic trees: SCREEN_SLACK times
+    its `rate_bound` stays below what the choice expects of each method on the path `timed` in full."""
+    for method in methods:
+        if method == "ar":
+            expected = 1e3 / timed.verify_at(1, KV_TYPICAL)
+        else:
+            expected = best_tree(timed, method, TreeSettings.default(method, device_type),
+                                 acceptance.get(method)).tokens_per_s
+        if SCREEN_SLACK * rate_bound(screened, method, acceptance.get(method)) >= expected:
+            return False
+    return True
+
+
 def rated_size(tree: TreeSettings) -> int:
     """The size at which the model rates a tree: a first-level tree at its 2-token core (`best_tree`)."""
     return 2 if tree.first_level else tree.total_tokens
@@ -138,6 +181,12 @@ def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: d
     if not costs:
         raise GumihoError(f"the machine profile has no {dtype} path")
 
+    def tree_size(m: str) -> tuple[int | None, int | None]:
+        if auto_trees or m == "ar":
+            return top_k, total_tokens
+        base = TreeSettings.default(m, device_type)
+        return base.top_k, base.total_tokens
+
     def plan(cost: PathCost) -> dict[str, MethodChoice]:
         out = {}
         ar = 1e3 / cost.verify_at(1, KV_TYPICAL)
@@ -145,15 +194,19 @@ def choose(profile: MachineProfile, methods: list[str], lead: str, acceptance: d
             if m == "ar":
                 out[m] = MethodChoice("ar", None, ar, 1.0)
             else:
-                base = TreeSettings.default(m, device_type)
-                k, n = (top_k, total_tokens) if auto_trees else (base.top_k, base.total_tokens)
-                out[m] = best_tree(cost, m, base, acceptance.get(m), k, n)
+                out[m] = best_tree(cost, m, TreeSettings.default(m, device_type), acceptance.get(m), *tree_size(m))
         return out
 
-    plans = [(cost, plan(cost)) for cost in costs]
+    plans = [(cost, plan(cost)) for cost in costs if not cost.screened]
     plans.sort(key=lambda p: -p[1][lead].tokens_per_s)
+    bounds = [(c, SCREEN_SLACK * rate_bound(c, lead, acceptance.get(lead), *tree_size(lead)))
+              for c in costs if c.screened]
+    unsure = [c.path for c, bound in bounds if not plans or bound >= plans[0][1][lead].tokens_per_s]
+    if unsure:
+        raise Unmeasured(unsure)
     cost, chosen = plans[0]
-    others = "; ".join(f"{c.path.label} {p[lead].tokens_per_s:.1f}" for c, p in plans)
+    others = "; ".join([f"{c.path.label} {p[lead].tokens_per_s:.1f}" for c, p in plans]
+                       + [f"{c.path.label} under {bound:.1f} (its one-token step only)" for c, bound in bounds])
     reason = f"expected {METHOD_NAMES.get(lead, lead)} tokens/s per path: {others}"
     if profile.texts:
         replays: dict[str, Replay] = {}  # by tree: the learned methods' switches are one tree, replayed once

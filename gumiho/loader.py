@@ -7,13 +7,13 @@ from pathlib import Path
 
 from typing import Callable
 
-from .choice import choose
+from .choice import Choice, Unmeasured, choose
 from .drafters import DRAFTERS, WEIGHT_FREE, Drafter, new_drafter, weight_free, weights_kind
 from .drafters.checkpoint import load_drafter
 from .drafters.frequency import FREQUENT_DRAFT_VOCAB
 from .engine import Engine
 from .errors import GumihoError
-from .profile import ExecPath, bf16_units, cached_profile, load_or_measure, target_for
+from .profile import ExecPath, MachineProfile, bf16_units, cached_profile, complete, load_or_measure, target_for
 from .trace import DRAFTED_METHODS
 from .target import DEFAULT_MODEL, Target, load_target, parse_dtype, pick_device
 
@@ -92,12 +92,10 @@ def build_engine(
     loaded = load_drafters(target, model, drafters, seed)
     choice = None
     if wanted is None or trees == "auto":
-        profile = load_or_measure(target, {m: d for m, (d, _) in loaded.items()}, progress, on_progress)
-        methods = ["ar", *loaded]
+        drafters_ = {m: d for m, (d, _) in loaded.items()}
+        profile = load_or_measure(target, drafters_, progress, on_progress)
         try:
-            choice = choose(profile, methods, lead if lead in methods else "ar",
-                            {m: d.acceptance for m, (d, _) in loaded.items()}, device_.type, wanted,
-                            auto_trees=trees == "auto", units=bf16_units(device_))
+            choice = choose_measured(target, drafters_, profile, lead, wanted, trees == "auto", progress, on_progress)
         except GumihoError:  # an explicit dtype the profile did not measure (int4 where torch has no kernel)
             log.warning("no measurement of %s on this machine: default trees", wanted)
     if choice is not None:
@@ -122,8 +120,26 @@ def choose_trees(engine: Engine, lead: str = "gumiho", measure: bool = True,
                else cached_profile(target, drafters))
     if profile is None:
         return False
-    methods = ["ar", *drafters]
-    engine.choice = choose(profile, methods, lead if lead in methods else "ar",
-                           {m: d.acceptance for m, d in drafters.items()}, target.device.type, target.precision,
-                           units=bf16_units(target.device))
+    try:
+        engine.choice = choose_measured(target, drafters, profile, lead, target.precision, True, False, on_progress,
+                                        measure)
+    except Unmeasured:  # the engine's path was screened, and measuring it was not asked for
+        return False
     return True
+
+
+def choose_measured(target: Target, drafters: dict[str, Drafter], profile: MachineProfile, lead: str,
+                    dtype: str | None, auto_trees: bool, progress: bool = False,
+                    on_progress: Callable[[float], None] | None = None, measure: bool = True) -> Choice:
+    """`choose` for `lead` (AR where it is not among the drafters' methods), timing in full first any screened path
+    that the choice asked for needs (`profile.complete`; where `measure` is False, `Unmeasured` is raised instead)."""
+    methods = ["ar", *drafters]
+    acceptance = {m: d.acceptance for m, d in drafters.items()}
+    options = dict(methods=methods, lead=lead if lead in methods else "ar", acceptance=acceptance,
+                   device_type=target.device.type, dtype=dtype, auto_trees=auto_trees, units=bf16_units(target.device))
+    try:
+        return choose(profile, **options)
+    except Unmeasured as missing:
+        if not measure:
+            raise
+        return choose(complete(target, drafters, profile, missing.paths, progress, on_progress), **options)

@@ -13,10 +13,12 @@ import torch
 from gumiho import kernels
 from gumiho import profile as prof
 from gumiho.acceptance import Acceptance
-from gumiho.choice import CHEAPER_WITHIN, Choice, best_tree, choose, rated_size
+from gumiho.choice import (CHEAPER_WITHIN, Choice, Unmeasured, best_tree, choose, rate_bound,
+                           rated_size)
+from gumiho.loader import choose_measured, choose_trees
 from gumiho.engine import GenerationConfig
 from gumiho.errors import GumihoError
-from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost
+from gumiho.profile import SIZES, ExecPath, MachineProfile, PathCost, target_for
 from gumiho.static_tree import layout
 from gumiho.target import parse_dtype, pick_device
 from gumiho.trace import GenerationTrace
@@ -53,7 +55,7 @@ def test_a_curve_is_read_from_each_sizes_difference_to_the_one_token_step_timed_
 
 def test_measure_times_every_candidate_path_size_and_top_k():
     target, drafters = tiny_setup()
-    profile = prof.measure(target, drafters, repeats=1, top_ks=(2, 3), progress=False)
+    profile = prof.measure(target, drafters, repeats=1, top_ks=(2, 3), progress=False, screen=False)
     assert [c.path for c in profile.costs] == prof.candidate_paths(target.device)
     for cost in profile.costs:
         assert sorted(cost.verify_ms) == sorted(prof.KV_LENGTHS)
@@ -101,17 +103,102 @@ def test_a_draft_is_timed_after_a_target_forward_as_in_a_cycle(monkeypatch):
         timer = prof.DraftTimer(target, drafter, "gumiho", ids, features, before=lambda: events.append("forward"))
         assert timer(2, 3) == 1e3  # one tick of the stand-in clock: only the draft is timed
     assert events == ["propose", "forward", "clock", "propose", "clock"]
-    profile = prof.measure(target, drafters, repeats=1, top_ks=(2,), progress=False)
+    profile = prof.measure(target, drafters, repeats=1, top_ks=(2,), progress=False, screen=False)
     calls = []
     monkeypatch.setattr(prof.VerifyTimer, "__call__", lambda self, n: calls.append(n) or 1.0)
-    prof.measure(target, drafters, repeats=1, top_ks=(2,), progress=False)
+    prof.measure(target, drafters, repeats=1, top_ks=(2,), progress=False, screen=False)
     drafts = sum(len(per) + sum(len(s) for s in profile.costs[0].small_draft_ms.get(m, {}).values())
                  for m, per in profile.costs[0].draft_ms.items())
     verifications = len(prof.KV_LENGTHS) * len(SIZES)
-    # per path and repeat (the warm-up's included): each size's verification, an untimed one-token forward before
-    # each KV length's sizes, and one before each draft
-    assert calls.count(1) == 2 * len(profile.costs) * (2 * len(prof.KV_LENGTHS) + drafts)
-    assert len(calls) == 2 * len(profile.costs) * (verifications + len(prof.KV_LENGTHS) + drafts)
+    # per path and repeat (the warm-up's included): the screen's one-token step after an untimed one at each KV
+    # length; each size's verification, an untimed one-token forward before each KV length's sizes, and one before
+    # each draft
+    screen = 2 * len(profile.costs) * 2 * len(prof.KV_LENGTHS)
+    assert calls.count(1) == screen + 2 * len(profile.costs) * (2 * len(prof.KV_LENGTHS) + drafts)
+    assert len(calls) == screen + 2 * len(profile.costs) * (verifications + len(prof.KV_LENGTHS) + drafts)
+
+
+def stepped_timer(steps: dict[str, float]):
+    """A stand-in for `VerifyTimer.__call__`: a path's T(n) is its dtype's one-token step plus 0.5 ms a token."""
+    return lambda self, n: steps[self.target.precision] + 0.5 * (n - 1)
+
+
+def test_a_path_whose_one_token_step_cannot_win_is_screened_not_timed_in_full(monkeypatch):
+    """Every path's one-token step is timed; the fastest is timed in full, and so is a path near it, while one whose
+    step is 5x the fastest's cannot win for any method, even SCREEN_SLACK times faster and drafting for free: it keeps
+    its one-token step only (at every size: a lower bound), and no draft of it is timed."""
+    target, drafters = tiny_setup()
+    for drafter in drafters.values():
+        drafter.acceptance = deep_acceptance()
+    paths = [ExecPath("float32"), ExecPath("bfloat16"), ExecPath("float16")]
+    monkeypatch.setattr(prof.VerifyTimer, "__call__", stepped_timer({"float32": 10.0, "bfloat16": 50.0,
+                                                                     "float16": 10.5}))
+    drafted = []
+    monkeypatch.setattr(prof.DraftTimer, "__call__", lambda self, k, n=None: drafted.append(self.target.precision)
+                        or 1.0)
+    shown = []
+    profile = prof.measure(target, drafters, paths=paths, repeats=1, top_ks=(3, 4), progress=False,
+                           on_progress=shown.append)
+    assert shown == sorted(shown) and shown[-1] == 1.0 and len(shown) <= 10  # tenths, over a total that grew
+    fp32, bf16, fp16 = profile.costs
+    assert [c.path for c in profile.costs] == paths
+    assert not fp32.screened and not fp16.screened and bf16.screened
+    assert set(drafted) == {"float32", "float16"}
+    assert bf16.verify_ms == {kv: [50.0] * len(SIZES) for kv in prof.KV_LENGTHS} and not bf16.draft_ms
+    assert fp32.draft_ms["gumiho"] == {3: 1.0, 4: 1.0} and fp32.verify_ms[256][:3] == [10.0, 10.5, 11.0]
+    assert MachineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    acc = {m: d.acceptance for m, d in drafters.items()}
+    choice = choose(profile, ["ar", "eagle2", "gumiho"], "gumiho", acc, "cpu")
+    assert choice.path.dtype == "float32" and "bf16 lean under" in choice.reason
+    # without the screen every path is timed in full
+    unscreened = prof.measure(target, drafters, paths=paths, repeats=1, top_ks=(3, 4), progress=False, screen=False)
+    assert not any(c.screened for c in unscreened.costs)
+
+
+def test_a_screened_paths_bound_is_never_below_what_its_full_timing_gives():
+    """`rate_bound` on a path's one-token steps alone is at least `best_tree`'s expectation from its full timing,
+    for every method, tree family and fixed size: a path ruled out on its screen would have lost in full."""
+    acc = deep_acceptance()
+    for cost in flat_profile().costs:
+        screened = PathCost(cost.path, {kv: [curve[0]] * len(SIZES) for kv, curve in cost.verify_ms.items()},
+                            screened=True)
+        for method in ("eagle2", "gumiho"):
+            base = TreeSettings.default(method, "cpu")
+            for top_k, total in [(None, None), (4, None), (None, 12), (6, 24)]:
+                full = best_tree(cost, method, base, acc, top_k, total).tokens_per_s
+                assert rate_bound(screened, method, acc, top_k, total) >= full
+                assert rate_bound(cost, method, acc, top_k, total) >= full
+        assert rate_bound(screened, "ar", None) == pytest.approx(1e3 / cost.verify_at(1, 512))
+
+
+def test_a_choice_that_needs_a_screened_path_times_it_in_full_first(cache_dir, monkeypatch):
+    """A fixed dtype whose path was screened, or a screened path whose bound reaches the best timed one (a fixed
+    large tree), raises Unmeasured; `choose_measured` then times that path in full, caches it in the profile's
+    place, and chooses; without measuring (`choose_trees(measure=False)`) no choice is made."""
+    target, drafters = tiny_setup()
+    for drafter in drafters.values():
+        drafter.acceptance = deep_acceptance()
+    acc = {m: d.acceptance for m, d in drafters.items()}
+    paths = prof.candidate_paths(target.device)
+    steps = {p.dtype: 10.0 if p.dtype == "float32" else 60.0 for p in paths}
+    monkeypatch.setattr(prof.VerifyTimer, "__call__", stepped_timer(steps))
+    monkeypatch.setattr(prof.DraftTimer, "__call__", lambda self, k, n=None: 1.0)
+    profile = prof.load_or_measure(target, drafters, progress=False)
+    assert [c.screened for c in profile.costs] == [p.dtype != "float32" for p in paths]
+    assert choose(profile, ["ar", "gumiho"], "gumiho", acc, "cpu").path.dtype == "float32"
+    with pytest.raises(Unmeasured) as missing:
+        choose(profile, ["ar", "gumiho"], "gumiho", acc, "cpu", dtype="bfloat16")
+    assert {p.dtype for p in missing.value.paths} == {"bfloat16"}
+    engine = tiny_engine(seed=2, vocab=32)
+    engine.target = target_for(target, ExecPath("bfloat16"))
+    for method, drafter in drafters.items():
+        engine.drafters[method] = drafter
+    assert not choose_trees(engine, measure=False)
+    choice = choose_measured(target, drafters, profile, "gumiho", "bfloat16", True)
+    assert choice.path.dtype == "bfloat16" and not choice.cost.screened
+    cached = prof.cached_profile(target, drafters)
+    assert [c.screened for c in cached.costs] == [p.dtype not in ("float32", "bfloat16") for p in paths]
+    assert len(json.loads(prof.profile_path(target).read_text())[prof.profile_key(target)]) == 1  # renewed in place
 
 
 def counting_measure(calls: list):
@@ -202,7 +289,8 @@ def test_a_verification_curve_that_falls_with_n_is_fitted_nondecreasing():
     store = {"signature": {}, "model": "m", "drafters": {}, "seconds": 1.0, "version": prof.VERSION,
              "costs": [{"path": {"dtype": "int4", "forward": "lean", "pack": True},
                         "verify_ms": {"256": noisy, "1024": rising}, "draft_ms": {}, "head_ms": 1.0,
-                        "small_draft_ms": {}, "head_together": True, "head_alone_ms": 3.0}]}
+                        "small_draft_ms": {}, "head_together": True, "head_alone_ms": 3.0,
+                        "screened": False}]}
     loaded = MachineProfile.from_dict(store).costs[0]
     assert loaded.verify_ms[256] == fitted and loaded.head_together and loaded.head_alone_ms == 3.0
 
