@@ -523,18 +523,20 @@ class _Progress:
 
     def __init__(self, progress: bool, on_progress: Callable[[float], None] | None):
         self.bar = tqdm(total=0, desc="machine profile", disable=not progress, leave=False)
-        self.on_progress, self.tenths = on_progress, 0
+        self.on_progress, self.done, self.total, self.tenths = on_progress, 0, 0, 0  # (a disabled bar counts nothing)
 
     def add(self, jobs: int) -> None:
-        self.bar.total += jobs
+        self.total += jobs
+        self.bar.total = self.total
         self.bar.refresh()
 
     def step(self) -> None:
         self.bar.update()
-        tenths = self.bar.n * 10 // max(1, self.bar.total)
+        self.done += 1
+        tenths = self.done * 10 // max(1, self.total)
         if self.on_progress and tenths > self.tenths:
             self.tenths = tenths
-            self.on_progress(self.bar.n / self.bar.total)
+            self.on_progress(self.done / self.total)
 
     def close(self) -> None:
         self.bar.close()
