@@ -121,8 +121,8 @@ def choose_trees(engine: Engine, lead: str = "gumiho", measure: bool = True,
     if profile is None:
         return False
     try:
-        engine.choice = choose_measured(target, drafters, profile, lead, target.precision, True, False, on_progress,
-                                        measure)
+        engine.choice = choose_measured(target, drafters, profile, lead, target.precision, auto_trees=True,
+                                        on_progress=on_progress, measure=measure)
     except Unmeasured:  # the engine's path was screened, and measuring it was not asked for
         return False
     return True

@@ -287,7 +287,7 @@ class MachineProfile:
     model: str
     drafters: dict[str, str]  # method -> shape key of the drafter that was timed
     costs: list[PathCost]
-    seconds: float
+    seconds: float  # what timing took, the paths timed in full later (`complete`) included
     # The fastest path's greedy replies to calibration prompts, as (prompt length, prompt and reply ids): the text a
     # method's cycles are replayed on to expect what prompt lookup adds (expected.py). Empty: not measured.
     texts: list[tuple[int, list[int]]] = field(default_factory=list)
@@ -587,43 +587,41 @@ def _time_paths(paths: list[ExecPath], runners: list[Target], verify: list[list[
     size that cost STEEP one-token steps there: it is too slow to be chosen, so that one measurement stands (a
     64-token bf16 forward on a CPU without bf16 units takes a second)."""
     ids, features = inputs
-    draft = {i: {m: DraftTimer(runners[i], drafter_for(d, runners[i]), m, ids, features,
-                               before=lambda v=verify[i][0]: v(1))
-                 for m, d in sorted(drafters.items())} for i in which}
-    warm = {i: [{} for _ in KV_LENGTHS] for i in which}
-    verify_ms = {i: [{n: [] for n in SIZES} for _ in KV_LENGTHS] for i in which}
-    draft_ms = {i: {m: {k: [] for k in method_top_ks(m, top_ks)} for m in drafters} for i in which}
-    small = {m: {k: sizes for k in method_top_ks(m, top_ks) if (sizes := small_sizes(m, k))} for m in drafters}
-    small_ms = {i: {m: {k: {n: [] for n in sizes} for k, sizes in per.items()} for m, per in small.items() if per}
-                for i in which}
-    schedule = [(i, r, key, size) for i in which for r in range(repeats + 1) for key, size in _jobs(drafters, top_ks)]
-    for i, r, key, size in schedule:
-        if isinstance(key, int):
-            if not (r and warm[i][key][size] > STEEP * warm[i][key][1]):
-                if size == SIZES[0]:  # untimed: a forward of this path first, as the previous cycle's
-                    verify[i][key](1)
-                ms = verify[i][key](size)
-                if r:
-                    verify_ms[i][key][size].append(ms)
-                else:
-                    warm[i][key][size] = ms
-        else:
-            k, n = size
-            ms = draft[i][key](k, n)
-            if r:
-                (small_ms[i][key][k][n] if n else draft_ms[i][key][k]).append(ms)
-        bar.step()
+    jobs = _jobs(drafters, top_ks)
     costs = {}
-    for i in which:
-        runner = runners[i]
-        head_ms, head_alone_ms = head_row_ms(runner, features[-1:].to(runner.dtype))
-        costs[i] = PathCost(paths[i],
-                            {kv: paired_curve(verify_ms[i][j], warm[i][j]) for j, kv in enumerate(KV_LENGTHS)},
-                            {m: {k: low(v) for k, v in per.items()} for m, per in draft_ms[i].items()},
-                            head_ms,
-                            {m: {k: {n: low(v) for n, v in by_n.items()} for k, by_n in per.items()}
-                             for m, per in small_ms[i].items()},
-                            runner.head_batches, head_alone_ms)
+    for i in which:  # one path at a time
+        draft = {m: DraftTimer(runners[i], drafter_for(d, runners[i]), m, ids, features,
+                               before=lambda v=verify[i][0]: v(1)) for m, d in sorted(drafters.items())}
+        warm: list[dict[int, float]] = [{} for _ in KV_LENGTHS]
+        times: dict[tuple, list[float]] = {job: [] for job in jobs}  # job -> its timings, repeat 0's left out
+        for r in range(repeats + 1):
+            for key, size in jobs:
+                if isinstance(key, int):
+                    if not (r and warm[key][size] > STEEP * warm[key][1]):
+                        if size == SIZES[0]:  # untimed: a forward of this path first, as the previous cycle's
+                            verify[i][key](1)
+                        ms = verify[i][key](size)
+                        if r:
+                            times[key, size].append(ms)
+                        else:
+                            warm[key][size] = ms
+                else:
+                    ms = draft[key](*size)
+                    if r:
+                        times[key, size].append(ms)
+                bar.step()
+        draft_ms: dict[str, dict[int, float]] = {m: {} for m in drafters}
+        small_ms: dict[str, dict[int, dict[int, float]]] = {}
+        for (key, size), samples in times.items():
+            if isinstance(key, str):
+                k, n = size
+                if n:
+                    small_ms.setdefault(key, {}).setdefault(k, {})[n] = low(samples)
+                else:
+                    draft_ms[key][k] = low(samples)
+        curves = {kv: paired_curve({n: times[j, n] for n in SIZES}, warm[j]) for j, kv in enumerate(KV_LENGTHS)}
+        head_ms, head_alone_ms = head_row_ms(runners[i], features[-1:].to(runners[i].dtype))
+        costs[i] = PathCost(paths[i], curves, draft_ms, head_ms, small_ms, runners[i].head_batches, head_alone_ms)
     return costs
 
 
@@ -754,6 +752,7 @@ def complete(target: Target, drafters: dict[str, Drafter], profile: MachineProfi
 
     runners = [target_for(target, path) for path in wanted]
     verify = [[VerifyTimer(r, kv) for kv in KV_LENGTHS] for r in runners]
+    start = time.perf_counter()
     bar = _Progress(progress, on_progress)
     bar.add((REPEATS + 1) * len(_jobs(drafters, TOP_KS)) * len(wanted))
     try:
@@ -763,7 +762,8 @@ def complete(target: Target, drafters: dict[str, Drafter], profile: MachineProfi
     finally:
         bar.close()
     full = {cost.path: cost for cost in timed.values()}
-    profile = replace(profile, costs=[full.get(c.path, c) for c in profile.costs])
+    profile = replace(profile, costs=[full.get(c.path, c) for c in profile.costs],
+                      seconds=round(profile.seconds + time.perf_counter() - start, 1))
     _store(target, profile, _read_store(target, drafters)[1])
     return profile
 
