@@ -55,6 +55,7 @@ PER_TASK=${PER_TASK:-400}
 # With TASKS=1: leave out the prompts of the smaller choice task$EXCLUDE_PER_TASK (the seeded choices nest), e.g. 400,
 # the prompts the shipped drafters' round 7 trained on; data and runs then read task${PER_TASK}x$EXCLUDE_PER_TASK.
 EXCLUDE_PER_TASK=${EXCLUDE_PER_TASK:-}
+DRAFTERS=${DRAFTERS:-gumiho eagle2}  # the drafters each round fine-tunes, in this order
 
 mkdir -p "$RUNS"
 exec 9>"$RUNS/campaign.lock"
@@ -112,7 +113,7 @@ for round in $(seq 1 "$ROUNDS"); do
         done
         data="$data-$FEATURES" heldout="$heldout-$FEATURES" suffix="$suffix-$FEATURES"
     fi
-    for drafter in gumiho eagle2; do
+    for drafter in $DRAFTERS; do
         shipped="assets/drafters/smollm2-135m-$drafter"
         # A run belongs to the drafter it starts from and to its data: after a drafter is shipped (here or by a GPU
         # round), or with a larger CONVERSATIONS, a restarted campaign begins new runs instead of resuming, or

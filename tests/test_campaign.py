@@ -254,3 +254,10 @@ def test_a_drafter_that_wins_is_shipped_and_recalibrated_with_the_methods_borrow
         ["assets/drafters/smollm2-135m-gumiho", "assets/drafters/smollm2-135m-eagle2"]
     # EAGLE-1 drafts with EAGLE-2's weights (its statistics beside them): a new EAGLE-2 makes them stale too
     assert [c.split("--method ")[1].split()[0] for c in _call(calls, "calibrate")] == ["gumiho", "eagle2", "eagle1"]
+
+
+def test_drafters_picks_which_drafters_a_round_fine_tunes(tmp_path):
+    calls = _campaign_calls(tmp_path, DRAFTERS="eagle2", CE_WEIGHT="1.0")
+    (run,) = _call(calls, "--drafter")
+    assert "--drafter eagle2" in run and "--ce-weight 1.0" in run
+    assert len(_call(calls, "eval")) == 2  # the new drafter and the shipped one, EAGLE-2's only
