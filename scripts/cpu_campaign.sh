@@ -56,6 +56,12 @@ PER_TASK=${PER_TASK:-400}
 # the prompts the shipped drafters' round 7 trained on; data and runs then read task${PER_TASK}x$EXCLUDE_PER_TASK.
 EXCLUDE_PER_TASK=${EXCLUDE_PER_TASK:-}
 DRAFTERS=${DRAFTERS:-gumiho eagle2}  # the drafters each round fine-tunes, in this order
+for drafter in $DRAFTERS; do
+    if [ ! -d "assets/drafters/smollm2-135m-$drafter" ]; then
+        echo "error: DRAFTERS names $drafter, which has no shipped drafter to start from (gumiho, eagle2)" >&2
+        exit 2
+    fi
+done
 
 mkdir -p "$RUNS"
 exec 9>"$RUNS/campaign.lock"

@@ -261,3 +261,14 @@ def test_drafters_picks_which_drafters_a_round_fine_tunes(tmp_path):
     (run,) = _call(calls, "--drafter")
     assert "--drafter eagle2" in run and "--ce-weight 1.0" in run
     assert len(_call(calls, "eval")) == 2  # the new drafter and the shipped one, EAGLE-2's only
+
+
+def test_drafters_naming_no_shipped_drafter_stops_before_any_work(tmp_path):
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "PY": "false", "CALLS": str(calls), "RUNS": str(tmp_path / "runs"),
+           "CACHE": str(tmp_path / "cache"), "DRAFTERS": "gumiho medusa2"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_campaign.sh")], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "error: DRAFTERS names medusa2, which has no shipped drafter to start from (gumiho, eagle2)"]
+    assert not (tmp_path / "runs").exists()
