@@ -248,6 +248,51 @@ def test_the_row_operations_are_torchs_and_a_row_never_depends_on_the_others():
         assert torch.equal(ops.silu_mul(gate_up[row : row + 1])[0], ops.silu_mul(gate_up)[row])
 
 
+def test_a_prompts_many_rows_shared_out_among_threads_get_each_rows_own_numbers():
+    """From 64 rows (a prompt) the row operations split the rows across torch's threads: every row still equals
+    that row computed alone, bit for bit."""
+    ops = kernels.row_ops()
+    g = torch.Generator().manual_seed(1)
+    x, delta, weight = torch.randn(301, 576, generator=g), torch.randn(301, 576, generator=g), torch.randn(576)
+    gate_up = torch.randn(301, 2 * 1536, generator=g)
+    total, normed = ops.add_rms_norm(x, delta, weight, 1e-5)
+    many = ops.rms_norm(x, weight, 1e-5), total, normed, ops.silu_mul(gate_up)
+    for row in (0, 150, 300):
+        one_total, one_normed = ops.add_rms_norm(x[row : row + 1], delta[row : row + 1], weight, 1e-5)
+        alone = (ops.rms_norm(x[row : row + 1], weight, 1e-5), one_total, one_normed,
+                 ops.silu_mul(gate_up[row : row + 1]))
+        for together, single in zip(many, alone):
+            assert torch.equal(together[row], single[0])
+
+
+@pytest.mark.parametrize("n, cache_dtype", [(3, torch.float32), (200, torch.float32), (200, torch.float16)])
+def test_rotate_gives_the_grouped_queries_and_cache_writes_of_the_torch_path(kernel, n, cache_dtype):
+    """`rotate` (a prompt's rotary and cache writes, its tokens shared out among threads) returns the queries
+    grouped by KV head, as the causal attention takes them, and writes what the torch path writes."""
+    from gumiho.llama import StaticCache
+
+    heads, past = KV_HEADS * GROUP, 7
+    g = torch.Generator().manual_seed(n)
+    qkv = torch.randn(1, n, (heads + 2 * KV_HEADS) * D, generator=g)
+    angles = torch.rand(1, n, D // 2, generator=g) * 6.0
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    ours, theirs = (StaticCache(1, KV_HEADS, D, cache_dtype, torch.device("cpu")) for _ in range(2))
+    for c in (ours, theirs):
+        c.keys.zero_(), c.values.zero_()
+        c.length = past
+    q = kernel.rotate(qkv, cos, sin, ours.keys[0], ours.values[0], heads, past)
+    parts = qkv.view(1, n, heads + 2 * KV_HEADS, D)
+    qk = parts[:, :, : heads + KV_HEADS]
+    rotated = qk * cos[:, :, None] + torch.cat([-qk[..., D // 2 :], qk[..., : D // 2]], -1) * sin[:, :, None]
+    expected = rotated[:, :, :heads].reshape(1, n, KV_HEADS, GROUP, D).permute(0, 2, 3, 1, 4).reshape(1, KV_HEADS, -1, D)
+    torch.testing.assert_close(q, expected, rtol=1e-5, atol=1e-5)
+    theirs.keys[0, :, :, past : past + n] = rotated[:, :, heads:].transpose(1, 2)
+    theirs.values[0, :, :, past : past + n] = parts[:, :, heads + KV_HEADS :].transpose(1, 2)
+    tolerance = 1e-5 if cache_dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(ours.keys, theirs.keys, rtol=tolerance, atol=tolerance)
+    assert torch.equal(ours.values, theirs.values)
+
+
 @pytest.mark.parametrize("rows, vocab, k, temperature", [(1, 16384, 1, 1.0), (3, 16384, 3, 1.0), (15, 8192, 8, 0.7),
                                                          (2, 49152, 32, 1.3), (4, 37, 5, 1.0)])
 def test_top_logprobs_are_torchs_log_softmax_and_top_k(rows, vocab, k, temperature):

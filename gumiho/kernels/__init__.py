@@ -37,7 +37,7 @@ import torch
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 # Kernels that split their work across torch's threads, and those with 512-bit paths (built where AVX-512 has VNNI).
-THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention")
+THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention", "rows")
 WIDE = ("q4_matmul", "q8_matmul", "attention", "prompt_attention")
 
 

@@ -634,17 +634,21 @@ inline void store(Half* to, const float* from, int64_t d) {
     for (int64_t i = 0; i < d; ++i) to[i] = Half(from[i]);
 }
 
-// Rotary and cache writes for `attend`: the queries into q [B, KV, G * n, d] (grouped), the rotated keys and the
-// values into the cache's slots [past, past + n).
+// Rotary and cache writes for `attend` and `rotate`: the queries into q [B, KV, G * n, d] (grouped), the rotated
+// keys and the values into the cache's slots [past, past + n). Tokens are independent: a prompt's many are shared
+// out among torch's threads (from ROTATE_SPLIT tokens), a decode step's or a tree's few stay on the calling thread.
+constexpr int64_t ROTATE_SPLIT = 64;
+
 template <typename T>
 void rotate_and_store(const float* xp, const float* cp, const float* sp, int64_t B, int64_t n, int64_t heads,
                       int64_t KV, int64_t d, int64_t past, float* qp, torch::Tensor& keys, torch::Tensor& values) {
     const int64_t G = heads / KV, width = (heads + 2 * KV) * d;
     T* kp = keys.data_ptr<T>();
     T* vp = values.data_ptr<T>();
-    std::vector<float> rotated(d);
-    for (int64_t b = 0; b < B; ++b) {
-        for (int64_t t = 0; t < n; ++t) {
+    at::parallel_for(0, B * n, ROTATE_SPLIT, [&](int64_t begin, int64_t end) {
+        std::vector<float> rotated(d);
+        for (int64_t token = begin; token < end; ++token) {
+            const int64_t b = token / n, t = token % n;
             const float* row = xp + (b * n + t) * width;
             const float* c = cp + (b * n + t) * d;
             const float* s = sp + (b * n + t) * d;
@@ -658,7 +662,39 @@ void rotate_and_store(const float* xp, const float* cp, const float* sp, int64_t
                       row + (heads + KV + k) * d, d);
             }
         }
-    }
+    });
+}
+
+void check_rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                  const torch::Tensor& keys, const torch::Tensor& values, int64_t heads, int64_t past) {
+    const auto cache = keys.scalar_type();
+    TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
+                sin.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
+                values.scalar_type() == cache, "attend: fp32 inputs, an fp32 or fp16 cache");
+    const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3);
+    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
+                values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
+                "attend: inconsistent shapes");
+    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attend: key and value rows must be contiguous");
+}
+
+// The grouped queries [B, KV, G * n, d] of qkv (as `attend` takes them), its rotated keys and its values written to
+// the cache's slots [past, past + n).
+torch::Tensor rotate_into(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
+                          torch::Tensor values, int64_t heads, int64_t past) {
+    qkv = qkv.contiguous();
+    cos = cos.contiguous();
+    sin = sin.contiguous();
+    check_rotate(qkv, cos, sin, keys, values, heads, past);
+    const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
+    auto q = torch::empty({B, KV, G * n, d}, qkv.options());
+    if (keys.scalar_type() == torch::kHalf)
+        rotate_and_store<Half>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV,
+                               d, past, q.data_ptr<float>(), keys, values);
+    else
+        rotate_and_store<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads,
+                                KV, d, past, q.data_ptr<float>(), keys, values);
+    return q;
 }
 
 // A layer's attention from its fused projection, for the few rows of a decode step, a tree or a draft step:
@@ -674,24 +710,8 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
                      torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale,
                      torch::Tensor tiles, torch::Tensor ready, int64_t layer) {
     const auto cache = keys.scalar_type();
-    TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
-                sin.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
-                values.scalar_type() == cache, "attend: fp32 inputs, an fp32 or fp16 cache");
-    qkv = qkv.contiguous();
-    cos = cos.contiguous();
-    sin = sin.contiguous();
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
-    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
-                values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
-                "attend: inconsistent shapes");
-    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attend: key and value rows must be contiguous");
-    auto q = torch::empty({B, KV, G * n, d}, qkv.options());
-    if (cache == torch::kHalf)
-        rotate_and_store<Half>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV,
-                               d, past, q.data_ptr<float>(), keys, values);
-    else
-        rotate_and_store<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads,
-                                KV, d, past, q.data_ptr<float>(), keys, values);
+    const torch::Tensor q = rotate_into(qkv, cos, sin, keys, values, heads, past);
     KeptTiles kept;
     if (tiles.defined() && tiles.numel() > 0) {
         TORCH_CHECK(cache == torch::kHalf && tiles.scalar_type() == torch::kHalf && tiles.is_contiguous() &&
@@ -718,6 +738,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", [](torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible, int64_t n,
                           int64_t past, double scale) { return attention(q, keys, values, visible, n, past, scale); },
           "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
+    m.def("rotate", &rotate_into, "A layer's rotary and cache writes alone: the grouped queries [B, KV, G * n, d] "
+          "(a prompt's, for its causal attention)");
     m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection",
           pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
           pybind11::arg("values"), pybind11::arg("visible"), pybind11::arg("heads"), pybind11::arg("past"),

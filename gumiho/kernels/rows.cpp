@@ -4,8 +4,10 @@
 // (an RMS norm in torch: a cast, a square, a mean, an add, a reciprocal square root and two products).
 //
 // A row's result never depends on the other rows of the call: the same operations in the same order for every row
-// (sums eight lanes wide, then a fixed horizontal sum), so a tree's rows equal one-token steps bit for bit.
+// (sums eight lanes wide, then a fixed horizontal sum), so a tree's rows equal one-token steps bit for bit. A
+// prompt's many rows are shared out among torch's threads (`each_row`), which leaves every row's result as it is.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
@@ -40,6 +42,17 @@ void norm_row(const float* x, const float* weight, int64_t n, float eps, float* 
     for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inverse);
 }
 
+// Calls f(r) for rows [0, rows): on the calling thread for a decode step's or a tree's few rows, whose thread
+// hand-offs would cost more than they share; split across torch's threads from PARALLEL_ROWS rows (a prompt).
+constexpr int64_t PARALLEL_ROWS = 64;
+
+template <typename F>
+void each_row(int64_t rows, const F& f) {
+    at::parallel_for(0, rows, PARALLEL_ROWS, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) f(r);
+    });
+}
+
 void check(const torch::Tensor& x, const torch::Tensor& weight) {
     TORCH_CHECK(x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat, "rows: fp32 only");
     TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "rows: the weight must match the last dimension");
@@ -54,9 +67,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     weight = weight.contiguous();
     auto out = torch::empty_like(x);
     const int64_t n = x.size(-1), rows = x.numel() / n;
-    for (int64_t r = 0; r < rows; ++r)
+    each_row(rows, [&](int64_t r) {
         norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps),
                  out.data_ptr<float>() + r * n);
+    });
     return out;
 }
 
@@ -73,9 +87,10 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Te
     const float* xp = x.data_ptr<float>();
     const float* dp = delta.data_ptr<float>();
     float* sp = sum.data_ptr<float>();
-    for (int64_t i = 0; i < rows * n; ++i) sp[i] = xp[i] + dp[i];
-    for (int64_t r = 0; r < rows; ++r)
+    each_row(rows, [&](int64_t r) {
+        for (int64_t i = r * n; i < (r + 1) * n; ++i) sp[i] = xp[i] + dp[i];
         norm_row(sp + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), normed.data_ptr<float>() + r * n);
+    });
     return {sum, normed};
 }
 
@@ -89,7 +104,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     auto out = torch::empty(sizes, gate_up.options());
     const float* in = gate_up.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
+    each_row(rows, [&](int64_t r) {
         const float* gate = in + r * 2 * m;
         const float* up = gate + m;
         float* o = op + r * m;
@@ -111,7 +126,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 #else
         for (int64_t i = 0; i < m; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 #endif
-    }
+    });
     return out;
 }
 
