@@ -8,7 +8,6 @@ last test (slow) starts the app with the real model, to see a live run's link ru
 from __future__ import annotations
 
 import os
-
 import re
 from urllib.parse import quote
 
