@@ -251,7 +251,7 @@ class DecoderStack:
                    causal: bool, attn_mask: torch.Tensor | None,
                    causal_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Layer i's attention with torch's operations (SDPA; a prompt's, `_causal`): rotary, the cache writes,
-        grouped query heads.
+        grouped query heads. A prompt takes its rotary and cache writes from the row kernel's `rotate` where it builds.
         `causal_dtype`: the dtype a causal attention computes in (its output cast back), None: the stack's."""
         b, n = qkv.shape[:2]
         h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group

@@ -266,31 +266,28 @@ def test_a_prompts_many_rows_shared_out_among_threads_get_each_rows_own_numbers(
 
 
 @pytest.mark.parametrize("n, cache_dtype", [(3, torch.float32), (200, torch.float32), (200, torch.float16)])
-def test_rotate_gives_the_grouped_queries_and_cache_writes_of_the_torch_path(kernel, n, cache_dtype):
-    """`rotate` (a prompt's rotary and cache writes, its tokens shared out among threads) returns the queries
-    grouped by KV head, as the causal attention takes them, and writes what the torch path writes."""
-    from gumiho.llama import StaticCache
+def test_a_prompts_rotary_through_rotate_is_the_torch_paths(kernel, n, cache_dtype):
+    """A prompt's causal attention takes its rotary and cache writes from `rotate` (its tokens shared out among
+    threads, the queries grouped by KV head): the layer's output and the cache it writes are the torch path's
+    (llama.DecoderStack._attention without the kernel) up to rounding."""
+    from gumiho.llama import DecoderStack, StaticCache
 
-    heads, past = KV_HEADS * GROUP, 7
+    heads = KV_HEADS * GROUP
     g = torch.Generator().manual_seed(n)
     qkv = torch.randn(1, n, (heads + 2 * KV_HEADS) * D, generator=g)
     angles = torch.rand(1, n, D // 2, generator=g) * 6.0
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    ours, theirs = (StaticCache(1, KV_HEADS, D, cache_dtype, torch.device("cpu")) for _ in range(2))
-    for c in (ours, theirs):
+    stacks = [DecoderStack([], heads, KV_HEADS, D, 1e-5, torch.ones(D // 2), 1.0, torch.float32, torch.device("cpu"))
+              for _ in range(2)]
+    stacks[1].row_attention = None  # torch's rotary and cache writes
+    caches = [StaticCache(1, KV_HEADS, D, cache_dtype, torch.device("cpu")) for _ in range(2)]
+    for c in caches:
         c.keys.zero_(), c.values.zero_()
-        c.length = past
-    q = kernel.rotate(qkv, cos, sin, ours.keys[0], ours.values[0], heads, past)
-    parts = qkv.view(1, n, heads + 2 * KV_HEADS, D)
-    qk = parts[:, :, : heads + KV_HEADS]
-    rotated = qk * cos[:, :, None] + torch.cat([-qk[..., D // 2 :], qk[..., : D // 2]], -1) * sin[:, :, None]
-    expected = rotated[:, :, :heads].reshape(1, n, KV_HEADS, GROUP, D).permute(0, 2, 3, 1, 4).reshape(1, KV_HEADS, -1, D)
-    torch.testing.assert_close(q, expected, rtol=1e-5, atol=1e-5)
-    theirs.keys[0, :, :, past : past + n] = rotated[:, :, heads:].transpose(1, 2)
-    theirs.values[0, :, :, past : past + n] = parts[:, :, heads + KV_HEADS :].transpose(1, 2)
+    ours, theirs = (stack._attention(qkv, cos, sin, c, 0, True, None) for stack, c in zip(stacks, caches))
     tolerance = 1e-5 if cache_dtype == torch.float32 else 1e-3
-    torch.testing.assert_close(ours.keys, theirs.keys, rtol=tolerance, atol=tolerance)
-    assert torch.equal(ours.values, theirs.values)
+    torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(caches[0].keys, caches[1].keys, rtol=tolerance, atol=tolerance)
+    assert torch.equal(caches[0].values, caches[1].values)
 
 
 @pytest.mark.parametrize("rows, vocab, k, temperature", [(1, 16384, 1, 1.0), (3, 16384, 3, 1.0), (15, 8192, 8, 0.7),

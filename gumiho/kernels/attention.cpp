@@ -670,12 +670,13 @@ void check_rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torc
     const auto cache = keys.scalar_type();
     TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
                 sin.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
-                values.scalar_type() == cache, "attend: fp32 inputs, an fp32 or fp16 cache");
+                values.scalar_type() == cache, "attend/rotate: fp32 inputs, an fp32 or fp16 cache");
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3);
     TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
                 values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
-                "attend: inconsistent shapes");
-    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attend: key and value rows must be contiguous");
+                "attend/rotate: inconsistent shapes");
+    TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1,
+                "attend/rotate: key and value rows must be contiguous");
 }
 
 // The grouped queries [B, KV, G * n, d] of qkv (as `attend` takes them), its rotated keys and its values written to
