@@ -39,6 +39,35 @@ PREFILL_REPEATS = 7  # timings of each candidate and row count behind the prefil
 ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
 
+@dataclass(frozen=True)
+class CausalAttention:
+    """How a prompt's causal attention is computed: in `dtype` (its inputs cast to it, its output cast back), by the
+    block kernel (kernels/prompt_attention.cpp) where `kernel` and the kernel builds for that dtype, else by SDPA.
+    Both are candidates for bf16: the kernel's products are AVX512-BF16 dot products, SDPA's go through oneDNN,
+    which takes AMX where the processor has it (2-core Intel Xeon with AMX, 30 layers at 763 tokens: kernel fp32
+    114 ms, kernel bf16 157, SDPA bf16 83)."""
+
+    dtype: torch.dtype
+    kernel: bool = True
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.") + ("" if self.kernel else "-sdpa")
+
+    @staticmethod
+    def named(name: object) -> CausalAttention | None:
+        """The attention a choice file names (None: no such name)."""
+        for attention in PROMPT_ATTENTIONS:
+            if attention.name == name:
+                return attention
+        return None
+
+
+# The causal attentions a long prompt may take (LeanLlama._fastest_causal_attention).
+PROMPT_ATTENTIONS = (CausalAttention(torch.float32), CausalAttention(torch.bfloat16),
+                     CausalAttention(torch.bfloat16, kernel=False))
+
+
 TILE = 16  # keys per kept tile (kernels/attention.cpp, KeptTiles)
 
 
@@ -180,7 +209,9 @@ class DecoderStack:
         self.kv_dtype = dtype  # what the cache stores (LeanLlama's int4 path: fp16)
         # A long prompt's weights (`prompt_layers`): on the int4 path, float ones where measured faster than 4 bits.
         self.prefill_layers: list[LayerWeights] | None = None
-        self.prefill_from, self.prefill_attention = 0, None  # (None: the stack's dtype)
+        self.prefill_dtype: torch.dtype | None = None  # theirs, where they are float (None: no such weights)
+        self.prefill_from = 0
+        self.prefill_attention: CausalAttention | None = None  # (None: the stack's dtype, the kernel where it builds)
         self._cos = self._sin = torch.empty(0)
         # Decode steps and tree verification take the row-consistent attention where it builds (kernels/): a tree
         # node then gets exactly a one-token step's output, so greedy speculation equals AR on a row-consistent path.
@@ -192,8 +223,8 @@ class DecoderStack:
         # 2-core Zen 5 EPYC from 256 to 1,200 tokens; and with bf16 products where the processor has AVX512-BF16.
         self.prompt_kernel = prompt_attention() if device.type == "cpu" and head_dim % 64 == 0 else None
 
-    def prompt_layers(self, n: int) -> tuple[list[LayerWeights], torch.dtype | None]:
-        """The weights a prompt of n tokens goes through, and the dtype of its causal attention (None: the stack's):
+    def prompt_layers(self, n: int) -> tuple[list[LayerWeights], CausalAttention | None]:
+        """The weights a prompt of n tokens goes through, and its causal attention (None: in the stack's dtype):
         from `prefill_from` tokens on, `prefill_layers` where set (else the stack's own) and `prefill_attention`."""
         if n < self.prefill_from:
             return self.layers, None
@@ -203,20 +234,23 @@ class DecoderStack:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device, capacity, batch,
                            tiles=self.keeps_tiles)
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None, ops: ModuleType | None = None) -> torch.Tensor:
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor | None, ops: ModuleType | None = None,
+             bf16: bool = False) -> torch.Tensor:
+        """RMS norm of x's rows; through `ops` where given, whose result may be rounded to bf16 (`bf16`)."""
         if weight is None:
             return x
         if ops is not None:
-            return ops.rms_norm(x, weight, self.eps)
+            return ops.rms_norm(x, weight, self.eps, bf16)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _add_rms(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-                 ops: ModuleType | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual stream after a sublayer, and its norm (the next sublayer's input)."""
+    def _add_rms(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, ops: ModuleType | None,
+                 bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream after a sublayer, and its norm (the next sublayer's input; in bf16 where `bf16`,
+        through `ops`)."""
         if ops is not None:
-            return ops.add_rms_norm(x, delta, weight, self.eps)
+            return ops.add_rms_norm(x, delta, weight, self.eps, bf16)
         x = x + delta
         return x, self._rms(x, weight)
 
@@ -249,17 +283,19 @@ class DecoderStack:
 
     def _attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticCache, i: int,
                    causal: bool, attn_mask: torch.Tensor | None,
-                   causal_dtype: torch.dtype | None = None) -> torch.Tensor:
+                   causal_with: CausalAttention | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Layer i's attention with torch's operations (SDPA; a prompt's, `_causal`): rotary, the cache writes,
         grouped query heads. A prompt takes its rotary and cache writes from the row kernel's `rotate` where it builds.
-        `causal_dtype`: the dtype a causal attention computes in (its output cast back), None: the stack's."""
+        `causal_with`: how a causal attention is computed, None: in the stack's dtype; `out_dtype`: the dtype it
+        returns (None: the stack's)."""
         b, n = qkv.shape[:2]
         h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         past, total = cache.length, cache.length + n
         if causal and self.row_attention is not None:  # rotary and cache writes in one call, the tokens shared out
             q = self.row_attention.rotate(qkv, cos, sin, cache.keys[i], cache.values[i], h, past)
             keys, values = cache.keys[i, :, :, :total], cache.values[i, :, :, :total]
-            return self._causal(q.view(b, h, n, d), keys, values, causal_dtype or self.dtype)
+            return self._causal(q.view(b, h, n, d), keys, values, causal_with or CausalAttention(self.dtype),
+                                out_dtype or self.dtype)
         qkv = qkv.view(b, n, h + 2 * kvh, d)
         qk = qkv[:, :, : h + kvh]
         cos, sin = cos[:, :, None], sin[:, :, None]  # one row per token, broadcast over heads
@@ -270,21 +306,30 @@ class DecoderStack:
         # Keys and values as the cache holds them (fp16 ones rounded, as a decode step reads them), in q's dtype.
         keys, values = cache.keys[i, :, :, :total], cache.values[i, :, :, :total]
         if causal:  # heads in their own order (KV head, group member): each reads KV head // group
-            return self._causal(q.view(b, h, n, d), keys, values, causal_dtype or self.dtype)
+            return self._causal(q.view(b, h, n, d), keys, values, causal_with or CausalAttention(self.dtype),
+                                out_dtype or self.dtype)
         out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=attn_mask)
         return out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
 
-    def _causal(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Causal attention [b, n, h * d] of a prompt's queries q [b, h, n, d] (heads ordered KV head, group member)
-        over its keys and values [b, kv, n, d], computed in `dtype`: the block kernel in fp32, and in bf16 where it
-        has bf16 products, where it is built; else SDPA."""
+    def _runs_as(self, attention: CausalAttention) -> tuple[torch.dtype, bool]:
+        """What computes `attention` here: its dtype, and whether the block kernel (where it is not built, or has no
+        bf16 products, SDPA)."""
+        kernel, dtype = self.prompt_kernel, attention.dtype
+        built = kernel is not None and (dtype == torch.float32 or dtype == torch.bfloat16 and kernel.bf16_available())
+        return dtype, attention.kernel and built
+
+    def _causal(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attention: CausalAttention,
+                out_dtype: torch.dtype) -> torch.Tensor:
+        """Causal attention [b, n, h * d] in `out_dtype` of a prompt's queries q [b, h, n, d] (heads ordered KV head,
+        group member) over its keys and values [b, kv, n, d], computed as `attention` says: by the block kernel in
+        fp32, and in bf16 where it has bf16 products, where it is built and asked for; else by SDPA."""
         b, h, n, d = q.shape
-        kernel = self.prompt_kernel
-        if kernel is not None and (dtype == torch.float32 or dtype == torch.bfloat16 and kernel.bf16_available()):
-            return kernel.causal(q.float(), keys.float(), values.float(), 0, d ** -0.5,
-                                 dtype == torch.bfloat16).to(self.dtype)
+        dtype, by_kernel = self._runs_as(attention)
+        if by_kernel:
+            return self.prompt_kernel.causal(q.float(), keys.float(), values.float(), 0, d ** -0.5,
+                                             dtype == torch.bfloat16).to(out_dtype)
         out = F.scaled_dot_product_attention(q.to(dtype), keys.to(dtype), values.to(dtype), is_causal=True,
-                                             enable_gqa=True).to(self.dtype)
+                                             enable_gqa=True).to(out_dtype)
         return out.transpose(1, 2).reshape(b, n, h * d)
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, cache: StaticCache, mask: torch.Tensor | None = None,
@@ -296,7 +341,7 @@ class DecoderStack:
         own, `kv_dtype`). A decode step or a tree never does, so that every verified row is computed as a one-token
         step would be."""
         b, n = x.shape[:2]
-        layers, causal_dtype = self.prompt_layers(n) if prefill else (self.layers, None)
+        layers, causal_with = self.prompt_layers(n) if prefill else (self.layers, None)
         past = cache.length
         cache.reserve(past + n)
         total = past + n
@@ -308,6 +353,10 @@ class DecoderStack:
         if mask is None and n > 1 and not causal:
             mask = torch.ones(1, n, total, dtype=torch.bool, device=self.device).tril(past)
         rows_kernel, ops = self.row_kernels(n, prefill)
+        # A prompt through bf16 weights hands its rows between the products and the per-row kernels in bf16: the
+        # numbers the products' casts gave, without the casts' extra passes (2-core Intel Xeon with AMX, CNN/DM's
+        # prompts of 763 tokens on average: the products with their casts 208 -> 134 ms, the prefill 318 -> 266).
+        bf16 = ops is not None and layers is self.prefill_layers and self.prefill_dtype == torch.bfloat16
         visible = torch.empty(0, dtype=torch.bool) if mask is None else mask.expand(b, -1, -1)  # for rows_kernel
         # For SDPA: query rows ordered (group member, token) under each KV head, so the mask repeats per group
         # member; additive (0 / -inf) once here, since SDPA would convert a boolean mask in every layer (1-2 ms a
@@ -317,13 +366,14 @@ class DecoderStack:
             attn_mask = torch.zeros(b, 1, self.group * n, total, dtype=self.dtype, device=self.device)
             attn_mask.masked_fill_(~mask.repeat(1, self.group, 1)[:, None], float("-inf"))
         for i, layer in enumerate(layers):
-            qkv = layer.qkv(self._rms(x, layer.input_norm, ops))
+            qkv = layer.qkv(self._rms(x, layer.input_norm, ops, bf16))
             if rows_kernel is not None:  # rotary, cache writes and attention in one call
                 out = rows_kernel.attend(qkv, cos, sin, cache.keys[i], cache.values[i], visible, self.heads, past,
                                          self.head_dim ** -0.5, cache.tiles, cache.tiled, i)
             else:
-                out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask, causal_dtype)
-            x, h = self._add_rms(x, layer.o(out), layer.post_norm, ops)
+                out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask, causal_with,
+                                      torch.bfloat16 if bf16 else None)
+            x, h = self._add_rms(x, layer.o(out), layer.post_norm, ops, bf16)
             x = x + layer.down(self._gated(layer.gate_up(h), ops))
         cache.length = total
         return x
@@ -389,7 +439,6 @@ class LeanLlama(DecoderStack):
                 self.keeps_tiles = self.row_attention.keeps_tiles() and self.head_dim in (64, 128)
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits,
             # and its causal attention in the dtype measured fastest.
-            self.prefill_dtype: torch.dtype | None = None
             if int4 is not None:
                 self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
                     decoder.layers[0], prefill_file)
@@ -474,7 +523,7 @@ class LeanLlama(DecoderStack):
             return int4_weights.fastest_fetch(step)
 
     def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int,
-                                                                                   torch.dtype]:
+                                                                                   CausalAttention]:
         """`_fastest_prefill`, measured once per machine and model and then read from `file`. The choice changes
         the prompt's numerics, and so the greedy text of every prompt past the crossing: measured afresh at each
         load, it flipped between processes on the Zen 4 (the two times are close near 256 rows), and the same
@@ -482,17 +531,17 @@ class LeanLlama(DecoderStack):
         names = {None: "int4", **{dtype: str(dtype).removeprefix("torch.") for dtype in PREFILL_DTYPES}}
         saved = _read_choices(file)
         by_name = {name: dtype for dtype, name in names.items()}
+        attention = CausalAttention.named(saved.get("attention"))
         try:
-            if (saved.get("dtype") in by_name and int(saved.get("from", -1)) >= 0
-                    and by_name.get(saved.get("attention")) is not None):
-                return by_name[saved["dtype"]], int(saved["from"]), by_name[saved["attention"]]
+            if saved.get("dtype") in by_name and int(saved.get("from", -1)) >= 0 and attention is not None:
+                return by_name[saved["dtype"]], int(saved["from"]), attention
         except (ValueError, TypeError):
             pass  # a damaged or older file: measure and write it again
         dtype, start, attention = self._fastest_prefill(first)
-        _write_choices(file, {**saved, "dtype": names[dtype], "from": start, "attention": names[attention]})
+        _write_choices(file, {**saved, "dtype": names[dtype], "from": start, "attention": attention.name})
         return dtype, start, attention
 
-    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, torch.dtype]:
+    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, CausalAttention]:
         """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of
         PREFILL_ROWS rows, and from how many rows it beats the 4-bit ones (where the two times, taken as linear in
         the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of
@@ -528,23 +577,25 @@ class LeanLlama(DecoderStack):
             dtype, start = prefill_choice(times)
             return dtype, start, self._fastest_causal_attention()
 
-    def _fastest_causal_attention(self) -> torch.dtype:
-        """The dtype (of PREFILL_DTYPES) in which one layer's causal attention over the longer of PREFILL_ROWS tokens
-        is the fastest, casts included (medians of PREFILL_REPEATS, the candidates taking turns). On the Intel Xeon
-        with AMX, 30 layers at 769 tokens: fp32 158 ms, bf16 (SDPA) 79 (whole prefills of 12 benchmark prompts 1.07
-        -> 0.86 ms a token). On the 2-core Zen 4 EPYC, the block kernel's fp32 against its bf16 products at 800 /
-        1,200 tokens: 144 / 303 ms against 93 / 216."""
+    def _fastest_causal_attention(self) -> CausalAttention:
+        """The causal attention (of PROMPT_ATTENTIONS, those that differ on this machine) that is the fastest for one
+        layer over the longer of PREFILL_ROWS tokens, casts included (medians of PREFILL_REPEATS, the candidates taking
+        turns). On an earlier Intel Xeon with AMX, 30 layers at 769 tokens: fp32 158 ms, bf16 (SDPA) 79. On the 2-core
+        Zen 4 EPYC, the block kernel's fp32 against its bf16 products at 800 / 1,200 tokens: 144 / 303 ms against
+        93 / 216."""
         rows = PREFILL_ROWS[1]
         q = torch.randn(1, self.heads, rows, self.head_dim)
         keys, values = (torch.randn(1, self.kv_heads, rows, self.head_dim) for _ in range(2))
-        samples: dict[torch.dtype, list[float]] = {dtype: [] for dtype in PREFILL_DTYPES}
+        # one candidate per way of computing (where the kernel is not built, the first named of those SDPA runs)
+        candidates = {self._runs_as(attention): attention for attention in reversed(PROMPT_ATTENTIONS)}
+        samples: dict[CausalAttention, list[float]] = {attention: [] for attention in candidates.values()}
         for repeat in range(PREFILL_REPEATS + 1):
-            for dtype, taken in samples.items():
+            for attention, taken in samples.items():
                 start = time.perf_counter()
-                self._causal(q, keys, values, dtype)
+                self._causal(q, keys, values, attention, self.dtype)
                 if repeat:  # the first calls pay one-time costs
                     taken.append(time.perf_counter() - start)
-        return min(PREFILL_DTYPES, key=lambda dtype: statistics.median(samples[dtype]))
+        return min(PROMPT_ATTENTIONS, key=lambda a: statistics.median(samples[a]) if a in samples else float("inf"))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
                 mask: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:

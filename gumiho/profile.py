@@ -55,7 +55,7 @@ from .verify import PREFETCH_ROWS
 
 log = logging.getLogger(__name__)
 
-VERSION = 26  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
+VERSION = 27  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_head row per verification, head_ms;
 # 5: top_k 1 and 2, size 3 and 6, small trees' drafts; 6: the int4 path's 8-bit lm_head;
 # 7: 8-bit activations at the int4 path's 4-bit products (kernels/q4_matmul.cpp); 8: draft layers run as a
 # llama.DecoderStack, a layer's attention and per-row operations one call each (kernels/attention.cpp, rows.cpp);
@@ -77,7 +77,9 @@ VERSION = 26  # 3: every dtype and int4 weights measured on a CPU; 4: one lm_hea
 # second row was free and put head_ms at 0, a third and fourth add 0.06-0.12 ms each on the 2-core Zen 5 EPYC), the
 # median of HEAD_PAIRS paired differences; 25: the products may keep their weights in the caches (int4.KEEP: on the
 # 2-core Intel Xeon with a 320 MB L3, a decode step's 4-bit products 6.5 -> 3.0 ms), measured at each load; 26: a path
-# whose one-token step shows it cannot be the fastest is screened, not timed in full (`measure`)
+# whose one-token step shows it cannot be the fastest is screened, not timed in full (`measure`); 27: a prompt's bf16
+# causal attention through SDPA is a candidate beside the block kernel's (oneDNN's AMX products: on the 2-core Intel
+# Xeon with AMX, 30 layers at 763 tokens 83 ms against the kernel's 114 in fp32)
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 KV_LENGTHS = (256, 1024)
 TOP_KS = (1, 2, 3, 4, 6, 8)

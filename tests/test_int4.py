@@ -14,7 +14,7 @@ from gumiho import int4
 from gumiho.bench.machine import describe
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
-from gumiho.llama import PREFILL_ROWS, LeanLlama
+from gumiho.llama import PREFILL_REPEATS, PREFILL_ROWS, CausalAttention, LeanLlama
 from gumiho.profile import ExecPath, candidate_paths, prefill_path, target_for
 from gumiho.tree import TreeSettings
 
@@ -97,9 +97,13 @@ def test_without_the_kernels_the_head_is_fp16_and_speculation_still_equals_ar(mo
     assert run.token_ids == ar.token_ids
 
 
-@pytest.mark.parametrize("dtype, attention, within", [(torch.float32, torch.float32, 1e-4),
-                                                      (torch.bfloat16, torch.float32, 3e-2),
-                                                      (torch.bfloat16, torch.bfloat16, 3e-2)])
+FP32_ATTENTION = CausalAttention(torch.float32)
+BF16_ATTENTIONS = [CausalAttention(torch.bfloat16), CausalAttention(torch.bfloat16, kernel=False)]
+
+
+@pytest.mark.parametrize("dtype, attention, within", [(torch.float32, FP32_ATTENTION, 1e-4),
+                                                      (torch.bfloat16, FP32_ATTENTION, 3e-2),
+                                                      *((torch.bfloat16, bf16, 3e-2) for bf16 in BF16_ATTENTIONS)])
 def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_follows_ar(monkeypatch, dtype,
                                                                                           attention, within):
     """Where the machine measures float products faster for many rows, the prompt takes them: its features are
@@ -112,8 +116,8 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
     assert target.lean.prefill_layers is not None and target.lean.prefill_dtype == dtype
     ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 16,), generator=torch.Generator().manual_seed(3))
     as_prefill = target.features(ids, target.new_cache(), prefill=True)
-    if attention != torch.float32:  # the attention's own rounding shows
-        target.lean.prefill_attention = torch.float32
+    if attention != FP32_ATTENTION:  # the attention's own rounding shows
+        target.lean.prefill_attention = FP32_ATTENTION
         assert not torch.equal(as_prefill, target.features(ids, target.new_cache(), prefill=True))
         target.lean.prefill_attention = attention
     as_tree = target.features(ids, target.new_cache())
@@ -132,22 +136,23 @@ def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_
         assert run.token_ids == ar.token_ids, method
 
 
-def test_a_prompt_on_the_4_bit_products_may_take_a_bf16_attention_and_speculation_still_follows_ar(monkeypatch):
+@pytest.mark.parametrize("bf16", BF16_ATTENTIONS, ids=lambda attention: attention.name)
+def test_a_prompt_on_the_4_bit_products_may_take_a_bf16_attention_and_speculation_still_follows_ar(monkeypatch, bf16):
     """Where no float weights beat 4 bits but a bf16 causal attention is measured faster, every prompt keeps the
     4-bit products and takes that attention, the drafters' passes over it too (no float weights for them either);
     AR and speculation share the prefill, so greedy speculation still equals this path's AR."""
-    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0, torch.bfloat16))
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0, bf16))
     engine = tiny_int4_engine(5)
     lean = engine.target.lean
-    assert lean.prefill_layers is None and lean.prompt_layers(3) == (lean.layers, torch.bfloat16)
+    assert lean.prefill_layers is None and lean.prompt_layers(3) == (lean.layers, bf16)
     for kind in ("eagle2", "gumiho"):
         stack = engine.drafters[kind].lean
-        assert stack.prefill_layers is None and stack.prompt_layers(3) == (stack.layers, torch.bfloat16), kind
+        assert stack.prefill_layers is None and stack.prompt_layers(3) == (stack.layers, bf16), kind
     ids = torch.randint(0, 16, (40,), generator=torch.Generator().manual_seed(5))
     as_prefill = engine.target.features(ids, engine.target.new_cache(), prefill=True)
     lean.prefill_attention = None  # the stack's fp32
     in_fp32 = engine.target.features(ids, engine.target.new_cache(), prefill=True)
-    lean.prefill_attention = torch.bfloat16
+    lean.prefill_attention = bf16
     assert not torch.equal(as_prefill, in_fp32) and (as_prefill - in_fp32).abs().max() < 3e-2
     ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=30), prompt_ids=ids.tolist())
     for method, tree in {"eagle2": TreeSettings(top_k=4, depth=5, total_tokens=24),
@@ -156,13 +161,53 @@ def test_a_prompt_on_the_4_bit_products_may_take_a_bf16_attention_and_speculatio
         assert run.token_ids == ar.token_ids, method
 
 
+@pytest.mark.parametrize("attention", [FP32_ATTENTION, *BF16_ATTENTIONS], ids=lambda attention: attention.name)
+def test_a_bf16_prefill_hands_its_rows_over_in_bf16_with_the_numbers_of_casts(monkeypatch, attention):
+    """A prompt through bf16 weights passes bf16 rows between its products and the per-row kernels (norms, gated
+    product, rotary) instead of casting before and after each product: the features and the cache it leaves are the
+    casts' bit for bit. (A model whose heads the row kernels take: 16 wide.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    monkeypatch.setattr(LeanLlama, "_prefill_choice",
+                        lambda self, first, file: (torch.bfloat16, PREFILL_ROWS[0], attention))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    lean = LeanLlama(LlamaForCausalLM(config).eval(), int4={})
+    assert lean.row_ops is not None and lean.prefill_dtype == torch.bfloat16
+    ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 20,), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(len(ids))
+    handed_over, ops = [], lean.row_ops
+
+    class Recorded:  # the norms' calls, to see that they did round to bf16
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def rms_norm(self, x, weight, eps, bf16=False):
+            handed_over.append(bf16)
+            return ops.rms_norm(x, weight, eps, bf16)
+
+    lean.row_ops = Recorded()
+    with torch.inference_mode():
+        runs = []
+        for dtype in (torch.bfloat16, None):  # None: the same bf16 weights, casts around each product
+            lean.prefill_dtype, cache = dtype, lean.new_cache()
+            features = lean.forward(ids, positions, cache, prefill=True)
+            runs.append((features, cache.keys[..., : len(ids), :].clone(), cache.values[..., : len(ids), :].clone()))
+    assert True in handed_over and False in handed_over
+    for ours, casts in zip(*runs):
+        assert torch.equal(ours, casts)
+    assert runs[0][0].dtype == torch.float32
+
+
 @pytest.mark.parametrize("dtype, within", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_a_drafters_pass_over_a_long_prompt_takes_the_targets_prefill_weights(monkeypatch, dtype, within):
     """A drafter's first cycle runs its layers over the whole prompt: from the target's `prefill_from` tokens on,
     that pass takes the float weights in the target's prefill dtype too, so its output is the drafter modules' own
     (to float or bf16 rounding, relative to its largest value), not the 4-bit products'; a shorter prompt stays on
     the 4-bit products."""
-    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0], torch.float32))
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0],
+                                                                                FP32_ATTENTION))
     engine = tiny_int4_engine(4)
     target = engine.target
     ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 8,), generator=torch.Generator().manual_seed(4))
@@ -211,22 +256,28 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
 
     def fastest(self, first):
         measured.append(first)
-        return torch.bfloat16, 90, torch.bfloat16
+        return torch.bfloat16, 90, sdpa
 
+    sdpa = CausalAttention(torch.bfloat16, kernel=False)
     monkeypatch.setattr(LeanLlama, "_fastest_prefill", fastest)
     lean = tiny_int4_engine(0).target.lean
     assert (lean.prefill_dtype, lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
     target = tiny_int4_engine(0).target  # a later load of the same model on the same machine
     assert (target.lean.prefill_dtype, target.lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
-    assert prefill_choices(target) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
-    assert target.lean.prefill_attention == torch.bfloat16
+    assert prefill_choices(target) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16-sdpa"}
+    assert target.lean.prefill_attention == sdpa
     prefill_path(target).write_text("{damaged")
     lean = tiny_int4_engine(0).target.lean
     assert (lean.prefill_dtype, len(measured)) == (torch.bfloat16, 2)
-    prefill_path(target).write_text(json.dumps({"dtype": "bfloat16", "from": 90}))  # an older file: no attention
-    lean = tiny_int4_engine(0).target.lean
-    assert (lean.prefill_attention, len(measured)) == (torch.bfloat16, 3)
-    assert prefill_choices(target) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16"}
+    for attention in (None, "bfloat16-flash"):  # an older file without an attention, or one this version lacks
+        prefill_path(target).write_text(json.dumps({"dtype": "bfloat16", "from": 90, "attention": attention}))
+        lean = tiny_int4_engine(0).target.lean
+        assert lean.prefill_attention == sdpa
+    assert len(measured) == 4
+    assert prefill_choices(target) == {"dtype": "bfloat16", "from": 90, "attention": "bfloat16-sdpa"}
+    prefill_path(target).write_text(json.dumps({"dtype": "int4", "from": 0, "attention": "bfloat16"}))
+    assert tiny_int4_engine(0).target.lean.prefill_attention == CausalAttention(torch.bfloat16)  # read, as named
+    assert len(measured) == 4
 
 
 def prefill_choices(target) -> dict:
@@ -299,7 +350,7 @@ def test_keeping_the_weights_in_the_caches_must_win_by_the_margin(monkeypatch):
 
 
 def test_the_4bit_products_keep_the_prefill_where_they_are_faster(monkeypatch):
-    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0, torch.float32))
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (None, 0, FP32_ATTENTION))
     assert tiny_int4_engine(0).target.lean.prefill_layers is None
 
 
@@ -450,16 +501,46 @@ def test_every_path_is_compared_with_fp32_ar():
     assert (table["tokens_per_s"] > 0).all() and (table["perplexity"] >= 1).all()
 
 
-def test_the_prefill_measurement_names_a_causal_attention_dtype(monkeypatch):
+def test_the_prefill_measurement_names_a_causal_attention(monkeypatch):
     """`_fastest_prefill` times the products, and the causal attention on its own: a prompt that keeps its 4-bit
-    products may still take its attention in bf16 (the block kernel's bf16 products where the processor has them)."""
-    from gumiho.llama import PREFILL_DTYPES
+    products may still take its attention in bf16 (the block kernel's bf16 products where the processor has them,
+    or SDPA's)."""
+    from gumiho.llama import PREFILL_DTYPES, PROMPT_ATTENTIONS
 
     target = tiny_int4_engine(0).target
     lean, first = target.lean, target.model.model.layers[0]
     dtype, start, attention = lean._fastest_prefill(first)
-    assert dtype in (None, *PREFILL_DTYPES) and start >= 0 and attention in PREFILL_DTYPES
+    assert dtype in (None, *PREFILL_DTYPES) and start >= 0 and attention in PROMPT_ATTENTIONS
     monkeypatch.setattr("gumiho.llama.prefill_choice", lambda times: (None, 0))  # the 4-bit products kept
-    for measured in PREFILL_DTYPES:
-        monkeypatch.setattr(LeanLlama, "_fastest_causal_attention", lambda self, d=measured: d)
+    for measured in PROMPT_ATTENTIONS:
+        monkeypatch.setattr(LeanLlama, "_fastest_causal_attention", lambda self, a=measured: a)
         assert lean._fastest_prefill(first) == (None, 0, measured)
+
+
+@pytest.mark.parametrize("kernel, costs, fastest", [
+    ("bf16", {"float32": 3, "bfloat16": 2, "bfloat16-sdpa": 1}, "bfloat16-sdpa"),  # an Intel Xeon with AMX
+    ("bf16", {"float32": 3, "bfloat16": 1, "bfloat16-sdpa": 2}, "bfloat16"),
+    ("bf16", {"float32": 1, "bfloat16": 2, "bfloat16-sdpa": 3}, "float32"),
+    ("fp32", {"float32": 2, "bfloat16-sdpa": 1}, "bfloat16"),  # the kernel has no bf16 products: SDPA's, first named
+    (None, {"float32-sdpa": 2, "bfloat16-sdpa": 1}, "bfloat16"),  # not built: SDPA in either dtype
+    (None, {"float32-sdpa": 1, "bfloat16-sdpa": 2}, "float32"),
+])
+def test_the_prompts_attention_is_the_fastest_way_this_machine_has_of_computing_it(monkeypatch, kernel, costs,
+                                                                                    fastest):
+    """Each way of computing a prompt's causal attention that this machine has is timed, once per repeat, and the
+    fastest is taken; two names for the same computation (the kernel's bf16 where the kernel is not built, or has no
+    bf16 products, is SDPA's) are timed once, as the first of them. A fake clock that each call moves on by the cost
+    of what computes it stands in for the machine."""
+    lean = tiny_int4_engine(0).target.lean
+    lean.prompt_kernel = None if kernel is None else types.SimpleNamespace(bf16_available=lambda: kernel == "bf16")
+    clock, computed = [0.0], []
+
+    def causal(self, q, keys, values, attention, out_dtype):
+        dtype, by_kernel = self._runs_as(attention)
+        computed.append(str(dtype).removeprefix("torch.") + ("" if by_kernel else "-sdpa"))
+        clock[0] += costs[computed[-1]]
+
+    monkeypatch.setattr(LeanLlama, "_causal", causal)
+    monkeypatch.setattr("gumiho.llama.time.perf_counter", lambda: clock[0])
+    assert lean._fastest_causal_attention().name == fastest
+    assert {way: computed.count(way) for way in costs} == dict.fromkeys(costs, PREFILL_REPEATS + 1)  # each as often

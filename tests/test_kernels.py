@@ -265,6 +265,62 @@ def test_a_prompts_many_rows_shared_out_among_threads_get_each_rows_own_numbers(
             assert torch.equal(together[row], single[0])
 
 
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """A bf16 tensor's bit patterns, every NaN as one (torch's own conversions keep a NaN's sign and payload in
+    some loops and not in others)."""
+    return torch.where(x.isnan(), torch.iinfo(torch.int16).min, x.view(torch.int16))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 150])
+@pytest.mark.parametrize("width", [576, 37])  # 37: the vector loops' tails
+def test_rows_handed_over_in_bf16_are_the_fp32_rows_rounded_as_torch_rounds_them(rows, width):
+    """A prompt whose products run in bf16 takes its norms in bf16 and hands bf16 products to the norms and the gated
+    product: each result is the fp32 call's on the same values, rounded by torch's own conversion, bit for bit (the
+    numbers casts around each product gave)."""
+    ops = kernels.row_ops()
+    g = torch.Generator().manual_seed(rows * width)
+    x, weight = torch.randn(rows, width, generator=g), torch.randn(width, generator=g)
+    delta = torch.randn(rows, width, generator=g).bfloat16()
+    gate_up = (4 * torch.randn(rows, 2 * width, generator=g)).bfloat16()
+    gate_up[0, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    assert torch.equal(bits(ops.rms_norm(x, weight, 1e-5, True)), bits(ops.rms_norm(x, weight, 1e-5).bfloat16()))
+    total, normed = ops.add_rms_norm(x, delta, weight, 1e-5, True)
+    total_fp32, normed_fp32 = ops.add_rms_norm(x, delta.float(), weight, 1e-5)
+    assert total.dtype == torch.float32 and torch.equal(total, total_fp32)
+    assert torch.equal(bits(normed), bits(normed_fp32.bfloat16()))
+    assert torch.equal(bits(ops.silu_mul(gate_up)), bits(ops.silu_mul(gate_up.float()).bfloat16()))
+
+
+def test_the_bf16_rounding_is_torchs_at_ties_extremes_and_nans():
+    """A row of ones normed with eps 0 is its weight exactly, so the weight shows the rounding itself: ties to even,
+    the largest values to infinity, subnormals, infinities and NaNs as torch's conversion gives them, in the vector
+    loop and its tail alike."""
+    ops = kernels.row_ops()
+    specials = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 1 + 2 ** -8 + 2 ** -20, 3.4e38, -3.4e38,
+                             2 ** -130, -(2 ** -133) * 3, 0.0, -0.0, float("inf"), float("-inf"), float("nan"),
+                             -float("nan"), 65504.0, 1e-45])
+    weight = torch.cat([specials, specials, specials[:5]])  # 37: two vectors of 16 and a tail of 5
+    normed = ops.rms_norm(torch.ones(2, len(weight)), weight, 0.0, True)
+    assert torch.equal(bits(normed), bits(weight.bfloat16()).expand(2, -1))
+
+
+def test_a_prompts_rotary_reads_bf16_products_as_their_fp32_values(kernel):
+    """`rotate` takes a prompt's bf16 qkv product as its fp32 values, tokens shared out among threads included."""
+    from gumiho.llama import StaticCache
+
+    heads, n = KV_HEADS * GROUP, 130
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(1, n, (heads + 2 * KV_HEADS) * D, generator=g).bfloat16()
+    angles = torch.rand(1, n, D // 2, generator=g) * 6.0
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    caches = [StaticCache(1, KV_HEADS, D, torch.float16, torch.device("cpu")) for _ in range(2)]
+    for c in caches:
+        c.keys.zero_(), c.values.zero_()
+    queries = [kernel.rotate(x, cos, sin, c.keys[0], c.values[0], heads, 0) for x, c in zip((qkv, qkv.float()), caches)]
+    assert queries[0].dtype == torch.float32 and torch.equal(queries[0], queries[1])
+    assert torch.equal(caches[0].keys, caches[1].keys) and torch.equal(caches[0].values, caches[1].values)
+
+
 @pytest.mark.parametrize("n, cache_dtype", [(3, torch.float32), (200, torch.float32), (200, torch.float16)])
 def test_a_prompts_rotary_through_rotate_is_the_torch_paths(kernel, n, cache_dtype):
     """A prompt's causal attention takes its rotary and cache writes from `rotate` (its tokens shared out among

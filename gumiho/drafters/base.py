@@ -24,7 +24,7 @@ from ..acceptance import Acceptance, borrowed_methods
 from ..errors import GumihoError
 from ..int4 import Int4Matrix
 from ..kernels import row_ops
-from ..llama import DecoderStack, StaticCache, float_matrix
+from ..llama import CausalAttention, DecoderStack, StaticCache, float_matrix
 from ..packed import PackedMatrix
 from ..sampling import SamplingConfig
 from ..static_tree import layout
@@ -241,19 +241,20 @@ class FeatureDrafter(Drafter):
         self.lean: DecoderStack | None = None
         self.cache: KVCache | StaticCache = KVCache(config.num_layers)
 
-    def use_lean(self, matrix: MakeMatrix, prompts: tuple[torch.dtype | None, int, torch.dtype | None] | None = None
-                 ) -> None:
+    def use_lean(self, matrix: MakeMatrix,
+                 prompts: tuple[torch.dtype | None, int, CausalAttention | None] | None = None) -> None:
         """Run the draft layers as the target's lean forward runs its own (`layers.lean_stack`), their products made
         by `matrix(weight)`. For an inference copy: the modules' weights are no longer read at inference.
 
         `prompts`: (dtype, from, attention), how the target runs a long prompt (LeanLlama's `prefill_dtype`,
         `prefill_from`, `prefill_attention`: on the int4 path, float weights where they were measured faster than 4
-        bits, None where none was, and the causal attention's dtype). The drafter's pass over a prompt of `from`
-        tokens or more then takes them too: a 769-token prompt through Gumiho's two layers, 71 -> 40 ms in bf16 on
-        the Intel Xeon with AMX (EAGLE-2's one: 36 -> 21)."""
+        bits, None where none was, and its causal attention). The drafter's pass over a prompt of `from` tokens or
+        more then takes them too: a 769-token prompt through Gumiho's two layers, 71 -> 40 ms in bf16 on the Intel
+        Xeon with AMX (EAGLE-2's one: 36 -> 21)."""
         self.lean = lean_stack(self.transformer, self.config, matrix)
         if prompts is not None:
             dtype, self.lean.prefill_from, self.lean.prefill_attention = prompts
+            self.lean.prefill_dtype = dtype
             if dtype is not None:
                 self.lean.prefill_layers = lean_layers(self.transformer, float_matrix(dtype))
         self.reset()

@@ -639,17 +639,23 @@ inline void store(Half* to, const float* from, int64_t d) {
 // out among torch's threads (from ROTATE_SPLIT tokens), a decode step's or a tree's few stay on the calling thread.
 constexpr int64_t ROTATE_SPLIT = 64;
 
+// qkv's rows: fp32, or bf16 (a prompt whose products run in bf16), widened a token at a time.
 template <typename T>
-void rotate_and_store(const float* xp, const float* cp, const float* sp, int64_t B, int64_t n, int64_t heads,
-                      int64_t KV, int64_t d, int64_t past, float* qp, torch::Tensor& keys, torch::Tensor& values) {
+void rotate_and_store(const torch::Tensor& qkv, const float* cp, const float* sp, int64_t B, int64_t n,
+                      int64_t heads, int64_t KV, int64_t d, int64_t past, float* qp, torch::Tensor& keys,
+                      torch::Tensor& values) {
     const int64_t G = heads / KV, width = (heads + 2 * KV) * d;
+    const bool bf16 = qkv.scalar_type() == torch::kBFloat16;
+    const float* xp = bf16 ? nullptr : qkv.data_ptr<float>();
+    const uint16_t* hp = bf16 ? reinterpret_cast<const uint16_t*>(qkv.data_ptr<at::BFloat16>()) : nullptr;
     T* kp = keys.data_ptr<T>();
     T* vp = values.data_ptr<T>();
     at::parallel_for(0, B * n, ROTATE_SPLIT, [&](int64_t begin, int64_t end) {
-        std::vector<float> rotated(d);
+        std::vector<float> rotated(d), widened(bf16 ? width : 0);
         for (int64_t token = begin; token < end; ++token) {
             const int64_t b = token / n, t = token % n;
-            const float* row = xp + (b * n + t) * width;
+            if (bf16) from_bf16_row(hp + (b * n + t) * width, width, widened.data());
+            const float* row = bf16 ? widened.data() : xp + (b * n + t) * width;
             const float* c = cp + (b * n + t) * d;
             const float* s = sp + (b * n + t) * d;
             for (int64_t h = 0; h < heads; ++h)  // head h = KV head h / G, member h % G: row (member, token)
@@ -668,9 +674,10 @@ void rotate_and_store(const float* xp, const float* cp, const float* sp, int64_t
 void check_rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                   const torch::Tensor& keys, const torch::Tensor& values, int64_t heads, int64_t past) {
     const auto cache = keys.scalar_type();
-    TORCH_CHECK(qkv.scalar_type() == torch::kFloat && cos.scalar_type() == torch::kFloat &&
-                sin.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
-                values.scalar_type() == cache, "attend/rotate: fp32 inputs, an fp32 or fp16 cache");
+    TORCH_CHECK((qkv.scalar_type() == torch::kFloat || qkv.scalar_type() == torch::kBFloat16) &&
+                cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat &&
+                (cache == torch::kFloat || cache == torch::kHalf) && values.scalar_type() == cache,
+                "attend/rotate: fp32 inputs (rotate: qkv fp32 or bf16), an fp32 or fp16 cache");
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3);
     TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
                 values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
@@ -688,13 +695,13 @@ torch::Tensor rotate_into(torch::Tensor qkv, torch::Tensor cos, torch::Tensor si
     sin = sin.contiguous();
     check_rotate(qkv, cos, sin, keys, values, heads, past);
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
-    auto q = torch::empty({B, KV, G * n, d}, qkv.options());
+    auto q = torch::empty({B, KV, G * n, d}, qkv.options().dtype(torch::kFloat));
     if (keys.scalar_type() == torch::kHalf)
-        rotate_and_store<Half>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV,
-                               d, past, q.data_ptr<float>(), keys, values);
+        rotate_and_store<Half>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV, d, past,
+                               q.data_ptr<float>(), keys, values);
     else
-        rotate_and_store<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads,
-                                KV, d, past, q.data_ptr<float>(), keys, values);
+        rotate_and_store<float>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV, d, past,
+                                q.data_ptr<float>(), keys, values);
     return q;
 }
 
@@ -712,6 +719,7 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
                      torch::Tensor tiles, torch::Tensor ready, int64_t layer) {
     const auto cache = keys.scalar_type();
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
+    TORCH_CHECK(qkv.scalar_type() == torch::kFloat, "attend: fp32 qkv");
     const torch::Tensor q = rotate_into(qkv, cos, sin, keys, values, heads, past);
     KeptTiles kept;
     if (tiles.defined() && tiles.numel() > 0) {
@@ -740,7 +748,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           int64_t past, double scale) { return attention(q, keys, values, visible, n, past, scale); },
           "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
     m.def("rotate", &rotate_into, "A layer's rotary and cache writes alone: the grouped queries [B, KV, G * n, d] "
-          "(a prompt's, for its causal attention)");
+          "fp32 (a prompt's, for its causal attention; its qkv fp32 or bf16)");
     m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection",
           pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
           pybind11::arg("values"), pybind11::arg("visible"), pybind11::arg("heads"), pybind11::arg("past"),

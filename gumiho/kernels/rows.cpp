@@ -58,56 +58,95 @@ void check(const torch::Tensor& x, const torch::Tensor& weight) {
     TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0), "rows: the weight must match the last dimension");
 }
 
+bool fp32_or_bf16(const torch::Tensor& x) {
+    return x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16;
+}
+
+// Row r of x [rows, n], fp32 or bf16, as fp32: x's own memory, or the row widened into `buffer`.
+const float* row_as_float(const torch::Tensor& x, int64_t r, int64_t n, float* buffer) {
+    if (x.scalar_type() == torch::kFloat) return x.data_ptr<float>() + r * n;
+    from_bf16_row(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + r * n, n, buffer);
+    return buffer;
+}
+
+// Where a result row goes: straight into out [rows, n] if fp32; else computed into `buffer`, then `done` rounds it
+// into out's bf16 row, as torch's conversion would.
+struct RowOut {
+    torch::Tensor out;
+    float* at(int64_t r, int64_t n, float* buffer) const {
+        return out.scalar_type() == torch::kFloat ? out.data_ptr<float>() + r * n : buffer;
+    }
+    void done(int64_t r, int64_t n, const float* row) const {
+        if (out.scalar_type() == torch::kBFloat16)
+            to_bf16_row(row, n, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + r * n);
+    }
+};
+
+torch::Tensor empty_as(const torch::Tensor& x, bool bf16) {
+    return torch::empty_like(x, x.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat));
+}
+
 }  // namespace
 
-// x [..., n] fp32, weight [n]: RMS norm of every row.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+// A prompt whose products run in bf16 (the int4 path's bf16 prefill) hands its rows over in bf16: `bf16` returns the
+// normed rows rounded to bf16, `add_rms_norm` and `silu_mul` also read bf16 products. Every value is the one the
+// fp32 call gives, rounded as torch's conversion rounds it; the products' inputs and outputs are then the same
+// numbers as when torch's casts sat around each product, without a cast's extra pass over each tensor.
+
+// x [..., n] fp32, weight [n]: RMS norm of every row (in bf16 where `bf16`).
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool bf16) {
     check(x, weight);
     x = x.contiguous();
     weight = weight.contiguous();
-    auto out = torch::empty_like(x);
+    const RowOut out{empty_as(x, bf16)};
     const int64_t n = x.size(-1), rows = x.numel() / n;
     each_row(rows, [&](int64_t r) {
-        norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps),
-                 out.data_ptr<float>() + r * n);
+        float* row = out.at(r, n, kept_buffer<float>(n));
+        norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), row);
+        out.done(r, n, row);
     });
-    return out;
+    return out.out;
 }
 
-// The residual stream after a sublayer and the next sublayer's input: (x + delta, rms_norm(x + delta)).
+// The residual stream after a sublayer and the next sublayer's input: (x + delta, rms_norm(x + delta)). x fp32,
+// delta fp32 or bf16 (its values widened), the sum fp32, the norm in bf16 where `bf16`.
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor weight,
-                                                      double eps) {
+                                                      double eps, bool bf16) {
     check(x, weight);
-    TORCH_CHECK(delta.sizes() == x.sizes() && delta.scalar_type() == torch::kFloat, "rows: x and delta differ");
+    TORCH_CHECK(delta.sizes() == x.sizes() && fp32_or_bf16(delta), "rows: x and delta differ");
     x = x.contiguous();
     delta = delta.contiguous();
     weight = weight.contiguous();
-    auto sum = torch::empty_like(x), normed = torch::empty_like(x);
+    auto sum = torch::empty_like(x);
+    const RowOut normed{empty_as(x, bf16)};
     const int64_t n = x.size(-1), rows = x.numel() / n;
     const float* xp = x.data_ptr<float>();
-    const float* dp = delta.data_ptr<float>();
     float* sp = sum.data_ptr<float>();
     each_row(rows, [&](int64_t r) {
-        for (int64_t i = r * n; i < (r + 1) * n; ++i) sp[i] = xp[i] + dp[i];
-        norm_row(sp + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), normed.data_ptr<float>() + r * n);
+        float* buffer = kept_buffer<float>(2 * n);
+        const float* d = row_as_float(delta, r, n, buffer);
+        for (int64_t i = 0; i < n; ++i) sp[r * n + i] = xp[r * n + i] + d[i];
+        float* row = normed.at(r, n, buffer + n);
+        norm_row(sp + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), row);
+        normed.done(r, n, row);
     });
-    return {sum, normed};
+    return {sum, normed.out};
 }
 
-// gate_up [..., 2m] (the gate's m columns, then the up projection's): silu(gate) * up, [..., m].
+// gate_up [..., 2m] (the gate's m columns, then the up projection's), fp32 or bf16: silu(gate) * up, [..., m] in
+// gate_up's dtype.
 torch::Tensor silu_mul(torch::Tensor gate_up) {
-    TORCH_CHECK(gate_up.scalar_type() == torch::kFloat && gate_up.size(-1) % 2 == 0, "silu_mul: fp32 [..., 2m]");
+    TORCH_CHECK(fp32_or_bf16(gate_up) && gate_up.size(-1) % 2 == 0, "silu_mul: fp32 or bf16 [..., 2m]");
     gate_up = gate_up.contiguous();
     const int64_t m = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * m);
     auto sizes = gate_up.sizes().vec();
     sizes.back() = m;
-    auto out = torch::empty(sizes, gate_up.options());
-    const float* in = gate_up.data_ptr<float>();
-    float* op = out.data_ptr<float>();
+    const RowOut out{torch::empty(sizes, gate_up.options())};
     each_row(rows, [&](int64_t r) {
-        const float* gate = in + r * 2 * m;
+        float* buffer = kept_buffer<float>(3 * m);
+        const float* gate = row_as_float(gate_up, r, 2 * m, buffer);
         const float* up = gate + m;
-        float* o = op + r * m;
+        float* o = out.at(r, m, buffer + 2 * m);
 #if defined(__AVX2__) && defined(__FMA__)
         // Eight at a time, a tail through a padded vector: an element's result never depends on where it sits.
         const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
@@ -126,8 +165,9 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 #else
         for (int64_t i = 0; i < m; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 #endif
+        out.done(r, m, o);
     });
-    return out;
+    return out.out;
 }
 
 // logits [R, V] fp32: per row the k largest entries of log_softmax(logits / temperature) and their indices,
@@ -241,9 +281,12 @@ int64_t argmax(torch::Tensor logits) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("rms_norm", &rms_norm, "RMS norm of every row (fp32, CPU)");
-    m.def("add_rms_norm", &add_rms_norm, "(x + delta, rms_norm(x + delta)) (fp32, CPU)");
-    m.def("silu_mul", &silu_mul, "silu(gate) * up from a fused gate-up product (fp32, CPU)");
+    m.def("rms_norm", &rms_norm, "RMS norm of every row (fp32, CPU; the result in bf16 where asked)",
+          pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"), pybind11::arg("bf16") = false);
+    m.def("add_rms_norm", &add_rms_norm, "(x + delta, rms_norm(x + delta)) (fp32, a bf16 delta; CPU; the norm in "
+          "bf16 where asked)", pybind11::arg("x"), pybind11::arg("delta"), pybind11::arg("weight"),
+          pybind11::arg("eps"), pybind11::arg("bf16") = false);
+    m.def("silu_mul", &silu_mul, "silu(gate) * up from a fused gate-up product (fp32 or bf16, CPU)");
     m.def("top_logprobs", &top_logprobs, "Top-k log-softmax entries of every row (fp32, CPU)");
     m.def("argmax", &argmax, "Index of the first largest entry of a row, NaN first (fp32, CPU)");
 }

@@ -5,12 +5,62 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+
+// bf16 numbers as torch converts them (c10::BFloat16): widening to fp32 is exact; narrowing rounds to nearest, ties
+// to even, and makes any NaN 0x7fc0. The vector loops below do the scalar code's arithmetic, lane by lane, so a row
+// comes out the same whatever its length or the instruction set.
+inline float from_bf16(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t to_bf16(float f) {
+    if (std::isnan(f)) return 0x7fc0;
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline void from_bf16_row(const uint16_t* x, int64_t n, float* out) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(wide, 16));
+    }
+#endif
+    for (; i < n; ++i) out[i] = from_bf16(x[i]);
+}
+
+inline void to_bf16_row(const float* x, int64_t n, uint16_t* out) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), nan = _mm256_set1_epi32(0x7fc0);
+    for (; i + 16 <= n; i += 16) {
+        __m256i halves[2];
+        for (int j = 0; j < 2; ++j) {
+            const __m256 v = _mm256_loadu_ps(x + i + 8 * j);
+            const __m256i bits = _mm256_castps_si256(v);
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+            const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(bias, odd)), 16);
+            halves[j] = _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+        }
+        // packus works within 128-bit lanes: put the eight pairs back in order
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves[0], halves[1]), 0xd8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
+    }
+#endif
+    for (; i < n; ++i) out[i] = to_bf16(x[i]);
+}
 
 // fn(std::integral_constant<int, R>{}) with R = rows, 1 to 8 (more count as 8): a kernel templated on its number of
 // input rows, called for a run-time count.
