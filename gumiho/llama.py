@@ -291,11 +291,13 @@ class DecoderStack:
         b, n = qkv.shape[:2]
         h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         past, total = cache.length, cache.length + n
+        causal_with = causal_with or CausalAttention(self.dtype)
         if causal and self.row_attention is not None:  # rotary and cache writes in one call, the tokens shared out
-            q = self.row_attention.rotate(qkv, cos, sin, cache.keys[i], cache.values[i], h, past)
+            # queries in bf16 for a bf16 attention, rounded as it would round them
+            q = self.row_attention.rotate(qkv, cos, sin, cache.keys[i], cache.values[i], h, past,
+                                          causal_with.dtype == torch.bfloat16)
             keys, values = cache.keys[i, :, :, :total], cache.values[i, :, :, :total]
-            return self._causal(q.view(b, h, n, d), keys, values, causal_with or CausalAttention(self.dtype),
-                                out_dtype or self.dtype)
+            return self._causal(q.view(b, h, n, d), keys, values, causal_with, out_dtype or self.dtype)
         qkv = qkv.view(b, n, h + 2 * kvh, d)
         qk = qkv[:, :, : h + kvh]
         cos, sin = cos[:, :, None], sin[:, :, None]  # one row per token, broadcast over heads
@@ -306,8 +308,7 @@ class DecoderStack:
         # Keys and values as the cache holds them (fp16 ones rounded, as a decode step reads them), in q's dtype.
         keys, values = cache.keys[i, :, :, :total], cache.values[i, :, :, :total]
         if causal:  # heads in their own order (KV head, group member): each reads KV head // group
-            return self._causal(q.view(b, h, n, d), keys, values, causal_with or CausalAttention(self.dtype),
-                                out_dtype or self.dtype)
+            return self._causal(q.view(b, h, n, d), keys, values, causal_with, out_dtype or self.dtype)
         out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=attn_mask)
         return out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
 

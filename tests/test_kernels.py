@@ -305,7 +305,8 @@ def test_the_bf16_rounding_is_torchs_at_ties_extremes_and_nans():
 
 
 def test_a_prompts_rotary_reads_bf16_products_as_their_fp32_values(kernel):
-    """`rotate` takes a prompt's bf16 qkv product as its fp32 values, tokens shared out among threads included."""
+    """`rotate` takes a prompt's bf16 qkv product as its fp32 values, tokens shared out among threads included, and
+    for a bf16 attention returns its queries in bf16, rounded as torch rounds the fp32 ones."""
     from gumiho.llama import StaticCache
 
     heads, n = KV_HEADS * GROUP, 130
@@ -318,6 +319,9 @@ def test_a_prompts_rotary_reads_bf16_products_as_their_fp32_values(kernel):
         c.keys.zero_(), c.values.zero_()
     queries = [kernel.rotate(x, cos, sin, c.keys[0], c.values[0], heads, 0) for x, c in zip((qkv, qkv.float()), caches)]
     assert queries[0].dtype == torch.float32 and torch.equal(queries[0], queries[1])
+    assert torch.equal(caches[0].keys, caches[1].keys) and torch.equal(caches[0].values, caches[1].values)
+    rounded = kernel.rotate(qkv, cos, sin, caches[1].keys[0], caches[1].values[0], heads, 0, True)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(bits(rounded), bits(queries[0].bfloat16()))
     assert torch.equal(caches[0].keys, caches[1].keys) and torch.equal(caches[0].values, caches[1].values)
 
 

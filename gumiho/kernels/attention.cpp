@@ -639,15 +639,19 @@ inline void store(Half* to, const float* from, int64_t d) {
 // out among torch's threads (from ROTATE_SPLIT tokens), a decode step's or a tree's few stay on the calling thread.
 constexpr int64_t ROTATE_SPLIT = 64;
 
-// qkv's rows: fp32, or bf16 (a prompt whose products run in bf16), widened a token at a time.
+// qkv's rows: fp32, or bf16 (a prompt whose products run in bf16), widened a token at a time. The queries go to q,
+// fp32, or bf16 rounded as torch rounds (for a prompt's attention in bf16, which would round them so).
 template <typename T>
 void rotate_and_store(const torch::Tensor& qkv, const float* cp, const float* sp, int64_t B, int64_t n,
-                      int64_t heads, int64_t KV, int64_t d, int64_t past, float* qp, torch::Tensor& keys,
+                      int64_t heads, int64_t KV, int64_t d, int64_t past, torch::Tensor& q, torch::Tensor& keys,
                       torch::Tensor& values) {
     const int64_t G = heads / KV, width = (heads + 2 * KV) * d;
     const bool bf16 = qkv.scalar_type() == torch::kBFloat16;
     const float* xp = bf16 ? nullptr : qkv.data_ptr<float>();
     const uint16_t* hp = bf16 ? reinterpret_cast<const uint16_t*>(qkv.data_ptr<at::BFloat16>()) : nullptr;
+    const bool bf16_queries = q.scalar_type() == torch::kBFloat16;
+    float* qp = bf16_queries ? nullptr : q.data_ptr<float>();
+    uint16_t* qh = bf16_queries ? reinterpret_cast<uint16_t*>(q.data_ptr<at::BFloat16>()) : nullptr;
     T* kp = keys.data_ptr<T>();
     T* vp = values.data_ptr<T>();
     at::parallel_for(0, B * n, ROTATE_SPLIT, [&](int64_t begin, int64_t end) {
@@ -658,8 +662,15 @@ void rotate_and_store(const torch::Tensor& qkv, const float* cp, const float* sp
             const float* row = bf16 ? widened.data() : xp + (b * n + t) * width;
             const float* c = cp + (b * n + t) * d;
             const float* s = sp + (b * n + t) * d;
-            for (int64_t h = 0; h < heads; ++h)  // head h = KV head h / G, member h % G: row (member, token)
-                rotate(row + h * d, c, s, d, qp + ((b * KV + h / G) * G * n + (h % G) * n + t) * d);
+            for (int64_t h = 0; h < heads; ++h) {  // head h = KV head h / G, member h % G: row (member, token)
+                const int64_t at = ((b * KV + h / G) * G * n + (h % G) * n + t) * d;
+                if (!bf16_queries) {
+                    rotate(row + h * d, c, s, d, qp + at);
+                    continue;
+                }
+                rotate(row + h * d, c, s, d, rotated.data());
+                to_bf16_row(rotated.data(), d, qh + at);
+            }
             for (int64_t k = 0; k < KV; ++k) {
                 const int64_t slot = past + t;
                 rotate(row + (heads + k) * d, c, s, d, rotated.data());
@@ -689,19 +700,19 @@ void check_rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torc
 // The grouped queries [B, KV, G * n, d] of qkv (as `attend` takes them), its rotated keys and its values written to
 // the cache's slots [past, past + n).
 torch::Tensor rotate_into(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
-                          torch::Tensor values, int64_t heads, int64_t past) {
+                          torch::Tensor values, int64_t heads, int64_t past, bool bf16_queries) {
     qkv = qkv.contiguous();
     cos = cos.contiguous();
     sin = sin.contiguous();
     check_rotate(qkv, cos, sin, keys, values, heads, past);
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
-    auto q = torch::empty({B, KV, G * n, d}, qkv.options().dtype(torch::kFloat));
+    auto q = torch::empty({B, KV, G * n, d}, qkv.options().dtype(bf16_queries ? torch::kBFloat16 : torch::kFloat));
     if (keys.scalar_type() == torch::kHalf)
-        rotate_and_store<Half>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV, d, past,
-                               q.data_ptr<float>(), keys, values);
+        rotate_and_store<Half>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV, d, past, q, keys,
+                               values);
     else
-        rotate_and_store<float>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV, d, past,
-                                q.data_ptr<float>(), keys, values);
+        rotate_and_store<float>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), B, n, heads, KV, d, past, q,
+                                keys, values);
     return q;
 }
 
@@ -720,7 +731,7 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
     const auto cache = keys.scalar_type();
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
     TORCH_CHECK(qkv.scalar_type() == torch::kFloat, "attend: fp32 qkv");
-    const torch::Tensor q = rotate_into(qkv, cos, sin, keys, values, heads, past);
+    const torch::Tensor q = rotate_into(qkv, cos, sin, keys, values, heads, past, false);
     KeptTiles kept;
     if (tiles.defined() && tiles.numel() > 0) {
         TORCH_CHECK(cache == torch::kHalf && tiles.scalar_type() == torch::kHalf && tiles.is_contiguous() &&
@@ -748,7 +759,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           int64_t past, double scale) { return attention(q, keys, values, visible, n, past, scale); },
           "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
     m.def("rotate", &rotate_into, "A layer's rotary and cache writes alone: the grouped queries [B, KV, G * n, d] "
-          "fp32 (a prompt's, for its causal attention; its qkv fp32 or bf16)");
+          "in fp32, or in bf16 where asked (a prompt's, for its causal attention; its qkv fp32 or bf16)",
+          pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
+          pybind11::arg("values"), pybind11::arg("heads"), pybind11::arg("past"),
+          pybind11::arg("bf16_queries") = false);
     m.def("attend", &attend, "Rotary, cache writes and row-consistent attention of a layer's fused projection",
           pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
           pybind11::arg("values"), pybind11::arg("visible"), pybind11::arg("heads"), pybind11::arg("past"),
