@@ -62,19 +62,20 @@ bool fp32_or_bf16(const torch::Tensor& x) {
     return x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16;
 }
 
-// Row r of x [rows, n], fp32 or bf16, as fp32: x's own memory, or the row widened into `buffer`.
-const float* row_as_float(const torch::Tensor& x, int64_t r, int64_t n, float* buffer) {
+// Row r of x [rows, n], fp32 or bf16, as fp32: x's own memory, or the row widened into the thread's buffer.
+const float* row_as_float(const torch::Tensor& x, int64_t r, int64_t n) {
     if (x.scalar_type() == torch::kFloat) return x.data_ptr<float>() + r * n;
-    from_bf16_row(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + r * n, n, buffer);
-    return buffer;
+    float* widened = kept_buffer<float>(n);
+    from_bf16_row(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + r * n, n, widened);
+    return widened;
 }
 
-// Where a result row goes: straight into out [rows, n] if fp32; else computed into `buffer`, then `done` rounds it
-// into out's bf16 row, as torch's conversion would.
+// Where a result row goes: straight into out [rows, n] if fp32; else computed into the thread's buffer, then `done`
+// rounds it into out's bf16 row, as torch's conversion would.
 struct RowOut {
     torch::Tensor out;
-    float* at(int64_t r, int64_t n, float* buffer) const {
-        return out.scalar_type() == torch::kFloat ? out.data_ptr<float>() + r * n : buffer;
+    float* at(int64_t r, int64_t n) const {
+        return out.scalar_type() == torch::kFloat ? out.data_ptr<float>() + r * n : kept_buffer<float, 1>(n);
     }
     void done(int64_t r, int64_t n, const float* row) const {
         if (out.scalar_type() == torch::kBFloat16)
@@ -101,7 +102,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool b
     const RowOut out{empty_as(x, bf16)};
     const int64_t n = x.size(-1), rows = x.numel() / n;
     each_row(rows, [&](int64_t r) {
-        float* row = out.at(r, n, kept_buffer<float>(n));
+        float* row = out.at(r, n);
         norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), row);
         out.done(r, n, row);
     });
@@ -123,10 +124,9 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Te
     const float* xp = x.data_ptr<float>();
     float* sp = sum.data_ptr<float>();
     each_row(rows, [&](int64_t r) {
-        float* buffer = kept_buffer<float>(2 * n);
-        const float* d = row_as_float(delta, r, n, buffer);
+        const float* d = row_as_float(delta, r, n);
         for (int64_t i = 0; i < n; ++i) sp[r * n + i] = xp[r * n + i] + d[i];
-        float* row = normed.at(r, n, buffer + n);
+        float* row = normed.at(r, n);
         norm_row(sp + r * n, weight.data_ptr<float>(), n, static_cast<float>(eps), row);
         normed.done(r, n, row);
     });
@@ -143,10 +143,9 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     sizes.back() = m;
     const RowOut out{torch::empty(sizes, gate_up.options())};
     each_row(rows, [&](int64_t r) {
-        float* buffer = kept_buffer<float>(3 * m);
-        const float* gate = row_as_float(gate_up, r, 2 * m, buffer);
+        const float* gate = row_as_float(gate_up, r, 2 * m);
         const float* up = gate + m;
-        float* o = out.at(r, m, buffer + 2 * m);
+        float* o = out.at(r, m);
 #if defined(__AVX2__) && defined(__FMA__)
         // Eight at a time, a tail through a padded vector: an element's result never depends on where it sits.
         const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();

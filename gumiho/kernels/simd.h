@@ -5,31 +5,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
+
+#include <c10/util/BFloat16.h>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
-// bf16 numbers as torch converts them (c10::BFloat16): widening to fp32 is exact; narrowing rounds to nearest, ties
-// to even, and makes any NaN 0x7fc0. The vector loops below do the scalar code's arithmetic, lane by lane, so a row
-// comes out the same whatever its length or the instruction set.
-inline float from_bf16(uint16_t h) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-inline uint16_t to_bf16(float f) {
-    if (std::isnan(f)) return 0x7fc0;
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
+// bf16 rows as torch converts them (c10::BFloat16, which the scalar tails use): widening to fp32 is exact;
+// narrowing rounds to nearest, ties to even, and makes any NaN 0x7fc0. The vector loops do c10's arithmetic lane by
+// lane, so a row comes out the same whatever its length or the instruction set.
 inline void from_bf16_row(const uint16_t* x, int64_t n, float* out) {
     int64_t i = 0;
 #if defined(__AVX2__)
@@ -38,7 +25,7 @@ inline void from_bf16_row(const uint16_t* x, int64_t n, float* out) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(wide, 16));
     }
 #endif
-    for (; i < n; ++i) out[i] = from_bf16(x[i]);
+    for (; i < n; ++i) out[i] = static_cast<float>(c10::BFloat16(x[i], c10::BFloat16::from_bits()));
 }
 
 inline void to_bf16_row(const float* x, int64_t n, uint16_t* out) {
@@ -59,7 +46,7 @@ inline void to_bf16_row(const float* x, int64_t n, uint16_t* out) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
     }
 #endif
-    for (; i < n; ++i) out[i] = to_bf16(x[i]);
+    for (; i < n; ++i) out[i] = c10::BFloat16(x[i]).x;
 }
 
 // fn(std::integral_constant<int, R>{}) with R = rows, 1 to 8 (more count as 8): a kernel templated on its number of
