@@ -212,7 +212,7 @@ ROUNDING = {"bfloat16": "bf16", "float16": "fp16", "int4": "int4"}  # paths whos
 def _difference_note(trace: GenerationTrace, diverges: int | None) -> str:
     # int4's products are row-consistent: with the row-consistent attention its trees round as its AR steps do
     half = trace.settings.dtype in ROUNDING and not (trace.settings.dtype == "int4"
-                                                      and trace.settings.attention == "row-consistent")
+                                                      and trace.settings.attention.startswith("row-consistent"))
     if diverges is None and trace.method == "mjsd":
         return "identical to AR here, though MJSD is approximate by design"
     if diverges is None:

@@ -86,16 +86,17 @@ class StaticCache:
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 capacity: int = 512, batch: int = 1, tiles: bool = False):
+                 capacity: int = 512, batch: int = 1, tiles: int = 0):
         self.keys = torch.empty(layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.values = torch.empty_like(self.keys)
         self.length = 0
+        self.tile_width = int(tiles)
         self.tiles = self._new_tiles(capacity) if tiles else torch.empty(0, dtype=torch.float16)
         self.tiled = torch.zeros(layers, dtype=torch.long)
 
     def _new_tiles(self, capacity: int) -> torch.Tensor:
         layers, batch, kv_heads, _, head_dim = self.keys.shape
-        return self.keys.new_empty(layers, batch, kv_heads, -(-capacity // TILE), head_dim * TILE)
+        return self.keys.new_empty(layers, batch, kv_heads, -(-capacity // TILE), head_dim * TILE * self.tile_width)
 
     def _forget_tiles(self, length: int) -> None:
         """Keys from `length` on may change: the tiles no longer vouch for them."""
@@ -219,6 +220,7 @@ class DecoderStack:
         self.row_attention = row_attention() if consistent else None
         self.row_ops = row_ops() if consistent else None  # the same rows' norms and gated product, one call each
         self.keeps_tiles = False  # whether its caches keep transposed keys (an fp16 cache: LeanLlama's int4 path)
+        self.amx_rows = False  # whether decode steps and trees take bf16 products on AMX tiles (`attend`'s `amx`)
         # A prompt's fp32 causal attention in blocks (kernels/prompt_attention.cpp): 2.4-2.9x SDPA's speed on the
         # 2-core Zen 5 EPYC from 256 to 1,200 tokens; and with bf16 products where the processor has AVX512-BF16.
         self.prompt_kernel = prompt_attention() if device.type == "cpu" and head_dim % 64 == 0 else None
@@ -232,7 +234,7 @@ class DecoderStack:
 
     def new_cache(self, capacity: int = 512, batch: int = 1) -> StaticCache:
         return StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device, capacity, batch,
-                           tiles=self.keeps_tiles)
+                           tiles=2 if self.amx_rows else int(self.keeps_tiles))
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor | None, ops: ModuleType | None = None,
              bf16: bool = False) -> torch.Tensor:
@@ -370,7 +372,7 @@ class DecoderStack:
             qkv = layer.qkv(self._rms(x, layer.input_norm, ops, bf16))
             if rows_kernel is not None:  # rotary, cache writes and attention in one call
                 out = rows_kernel.attend(qkv, cos, sin, cache.keys[i], cache.values[i], visible, self.heads, past,
-                                         self.head_dim ** -0.5, cache.tiles, cache.tiled, i)
+                                         self.head_dim ** -0.5, cache.tiles, cache.tiled, i, self.amx_rows)
             else:
                 out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask, causal_with,
                                       torch.bfloat16 if bf16 else None)
@@ -438,6 +440,9 @@ class LeanLlama(DecoderStack):
                 self.kv_dtype = torch.float16
                 # whose keys its 512-bit build also keeps transposed (StaticCache.tiles)
                 self.keeps_tiles = self.row_attention.keeps_tiles() and self.head_dim in (64, 128)
+                # and whose rows may take bf16 products on AMX tiles, where measured faster (other numbers)
+                if self.row_attention.amx() and self.head_dim == 64 and self.group <= 16:
+                    self.amx_rows = self._row_attention_choice(prefill_file)
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits,
             # and its causal attention in the dtype measured fastest.
             if int4 is not None:
@@ -541,6 +546,55 @@ class LeanLlama(DecoderStack):
         dtype, start, attention = self._fastest_prefill(first)
         _write_choices(file, {**saved, "dtype": names[dtype], "from": start, "attention": attention.name})
         return dtype, start, attention
+
+    def _row_attention_choice(self, file: Path | None) -> bool:
+        """Whether decode steps and trees take bf16 products on AMX tiles (`_amx_rows_pay`), measured once per
+        machine and model and then read from `file` ("rows": "float32" or "bfloat16-amx"): like the prefill's
+        choice, it sets the numbers of every greedy text, which must not flip between processes."""
+        names = {False: "float32", True: "bfloat16-amx"}
+        saved = _read_choices(file)
+        if saved.get("rows") in names.values():
+            return saved["rows"] == names[True]
+        amx = self._amx_rows_pay()
+        _write_choices(file, {**saved, "rows": names[amx]})
+        return amx
+
+    def _amx_rows_pay(self, past: int = 640, tokens: tuple[int, ...] = (1, 4)) -> bool:
+        """Whether the AMX tiles' attention (`attend(..., amx=True)`, a cache keeping its tiles) takes less time than
+        the fp32 one (keeping its own) over every layer, for a decode step and a tree of 4 tokens over `past` cached
+        tokens (the sum of their medians of PREFILL_REPEATS, the two taking turns). On the 2-core Intel Xeon with AMX
+        (model 167), 30 layers over 800 cached tokens, 1 / 2 / 4 / 8 new tokens: 1.74 / 2.23 / 2.89 / 4.38 ms in
+        fp32, 1.35 / 1.32 / 1.54 / 2.30 on the tiles."""
+        generator = torch.Generator().manual_seed(0)
+        width = (self.heads + 2 * self.kv_heads) * self.head_dim
+        caches = {}
+        for amx in (False, True):
+            cache = StaticCache(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, self.device,
+                                past + max(tokens), tiles=2 if amx else int(self.keeps_tiles))
+            cache.keys.copy_(torch.randn(cache.keys.shape, generator=generator))
+            cache.values.copy_(torch.randn(cache.values.shape, generator=generator))
+            caches[amx] = cache
+        inputs = {n: (torch.randn(1, n, width, generator=generator),
+                      *self._rope_tables(torch.arange(past, past + n)[None]),
+                      torch.ones(1, n, past + n, dtype=torch.bool).tril(past)) for n in tokens}
+
+        def seconds(amx: bool, n: int) -> float:
+            cache, (qkv, cos, sin, visible) = caches[amx], inputs[n]
+            start = time.perf_counter()
+            for i in range(len(self.layers)):
+                self.row_attention.attend(qkv, cos, sin, cache.keys[i], cache.values[i], visible, self.heads, past,
+                                          self.head_dim ** -0.5, cache.tiles, cache.tiled, i, amx)
+            return time.perf_counter() - start
+
+        samples = {(amx, n): [] for amx in (False, True) for n in tokens}
+        with torch.inference_mode():
+            for repeat in range(PREFILL_REPEATS + 1):
+                for (amx, n), taken in samples.items():
+                    elapsed = seconds(amx, n)
+                    if repeat:  # the first calls build the kept tiles
+                        taken.append(elapsed)
+        cost = {amx: sum(statistics.median(samples[(amx, n)]) for n in tokens) for amx in (False, True)}
+        return cost[True] < cost[False]
 
     def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, CausalAttention]:
         """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of

@@ -202,8 +202,10 @@ class Target:
     @property
     def attention(self) -> str:
         """'row-consistent' where decode steps and trees take kernels/attention.cpp (each row computed as a
-        one-token step would be), else 'sdpa'."""
-        return "row-consistent" if self._lean is not None and self._lean.row_attention is not None else "sdpa"
+        one-token step would be; 'row-consistent-amx' where in bf16 products on AMX tiles), else 'sdpa'."""
+        if self._lean is None or self._lean.row_attention is None:
+            return "sdpa"
+        return "row-consistent-amx" if self._lean.amx_rows else "row-consistent"
 
     @property
     def fetch(self) -> str:

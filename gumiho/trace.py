@@ -155,7 +155,9 @@ class RunSettings:
     forward: str = "transformers"
     choice: str = ""
     approximate: str = ""
-    attention: str = ""  # "row-consistent" (kernels/: a tree row = a one-token step, bit for bit) or "sdpa"
+    # "row-consistent" (kernels/: a tree row = a one-token step, bit for bit; "row-consistent-amx": in bf16 products
+    # on AMX tiles) or "sdpa"
+    attention: str = ""
 
 
 @dataclass

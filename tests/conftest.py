@@ -28,17 +28,20 @@ def tiny_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0")
 
 
-def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: float = 4.0) -> Target:
-    """A 2-layer random Llama (hidden 32, GQA 4/2 heads). `logit_scale` sharpens its distributions so that greedy
-    argmaxes are far from ties and random drafts are accepted often enough to exercise multi-token acceptance."""
+def tiny_target(seed: int = 0, vocab: int = 16, layers: int = 2, logit_scale: float = 4.0,
+                hidden: int = 32) -> Target:
+    """A 2-layer random Llama (hidden 32, GQA 4/2 heads; `hidden` 256: heads of 64 dimensions). `logit_scale`
+    sharpens its distributions so that greedy argmaxes are far from ties and random drafts are accepted often enough
+    to exercise multi-token acceptance."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(logit_scale / (model.lm_head.weight.std() * 32**0.5))
+        model.lm_head.weight.mul_(logit_scale / (model.lm_head.weight.std() * hidden**0.5))
     model.requires_grad_(False)
     model.to(TEST_DEVICE, TEST_DTYPE)  # built on the CPU first, so every device gets the same weights
     return Target(model=model, tokenizer=tiny_tokenizer(vocab), name=f"tiny-{seed}", device=TEST_DEVICE,

@@ -454,7 +454,7 @@ def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
         pytest.skip("no C++ compiler to build the row-consistent attention")
     engine = build_engine(threads=2, dtype="int4", trees="default")
     target = engine.target
-    assert target.int4 and target.attention == "row-consistent" and target.head_batches
+    assert target.int4 and target.attention.startswith("row-consistent") and target.head_batches
     # a tree with two branches after a prompt: each node's features are those of a one-token step on its path
     prompt = torch.tensor(target.encode_prompt("Name three colours."))
     past = len(prompt)
@@ -544,3 +544,83 @@ def test_the_prompts_attention_is_the_fastest_way_this_machine_has_of_computing_
     monkeypatch.setattr("gumiho.llama.time.perf_counter", lambda: clock[0])
     assert lean._fastest_causal_attention().name == fastest
     assert {way: computed.count(way) for way in costs} == dict.fromkeys(costs, PREFILL_REPEATS + 1)  # each as often
+
+
+def tiny_amx_target(seed: int = 0):
+    """A tiny int4 target whose heads have 64 dimensions, as the AMX tiles' attention takes them."""
+    return target_for(tiny_target(seed=seed, vocab=16, hidden=256), ExecPath("int4", pack=False))
+
+
+def test_on_amx_tiles_greedy_speculation_still_equals_int4_ar(monkeypatch, tmp_path):
+    """Decode steps and trees in bf16 tile products (`attend(..., amx=True)`, where this machine has AMX) compute
+    every row as a one-token step does: greedy speculation equals this path's own AR token for token, over prompts
+    and replies that cross several blocks of 32 keys, the cache keeping its key and value tiles."""
+    from gumiho.kernels import row_attention
+
+    if row_attention() is None or not row_attention().amx():
+        pytest.skip("no AMX tiles here (the processor, the build or the OS)")
+    use_cache(monkeypatch, tmp_path)
+    accepted = 0
+    shapes = {"eagle2": TreeSettings(top_k=4, depth=5, total_tokens=24),
+              "gumiho": TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)}
+    for seed in range(3):
+        target = tiny_amx_target(seed)
+        target.lean.amx_rows = True
+        assert target.attention == "row-consistent-amx" and target.new_cache().tiles.shape[-1] == 2 * 64 * 16
+        engine = Engine(target)
+        for kind in shapes:
+            engine.add_drafter(kind, random_drafter(kind, target, seed))
+        ids = torch.randint(0, 16, (45,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=60), prompt_ids=ids)
+        for method, tree in shapes.items():
+            run = engine.generate("", method, GenerationConfig(max_new_tokens=60, tree=tree), prompt_ids=ids)
+            assert run.token_ids == ar.token_ids, (seed, method)
+            accepted += sum(s.accept_length for s in run.steps)
+    assert accepted > 20  # multi-token cycles were compared
+
+
+def test_the_rows_attention_choice_is_measured_once_per_machine_and_model_then_read(monkeypatch, tmp_path):
+    """Whether decode steps and trees take the AMX tiles sets the numbers of every greedy text, so every process on
+    a machine makes the same choice: the first load measures and writes it, later ones read it, and a name this
+    version does not know is measured again."""
+    from gumiho.kernels import row_attention
+
+    if row_attention() is None:
+        pytest.skip("the attention kernel did not build")
+    use_cache(monkeypatch, tmp_path)
+    monkeypatch.setattr(row_attention(), "amx", lambda: True)  # the choice is made where AMX is usable
+    measured = []
+    monkeypatch.setattr(LeanLlama, "_amx_rows_pay", lambda self: measured.append(self) is None)
+    target = tiny_amx_target()
+    assert target.lean.amx_rows and len(measured) == 1 and prefill_choices(target)["rows"] == "bfloat16-amx"
+    assert tiny_amx_target().lean.amx_rows and len(measured) == 1  # read
+    prefill_path(target).write_text(json.dumps({**prefill_choices(target), "rows": "float32"}))
+    lean = tiny_amx_target().lean
+    assert not lean.amx_rows and lean.new_cache().tiles.shape[-1] == 64 * 16 and len(measured) == 1
+    prefill_path(target).write_text(json.dumps({**prefill_choices(target), "rows": "bfloat16-flash"}))
+    assert tiny_amx_target().lean.amx_rows and len(measured) == 2
+    assert prefill_choices(target)["rows"] == "bfloat16-amx"
+    assert not tiny_int4_engine(0).target.lean.amx_rows and len(measured) == 2  # heads of 8: never asked
+
+
+@pytest.mark.parametrize("costs, amx", [
+    ({(False, 1): 2, (False, 4): 4, (True, 1): 1, (True, 4): 2}, True),  # the Intel Xeon with AMX
+    ({(False, 1): 1, (False, 4): 4, (True, 1): 2, (True, 4): 2}, True),  # a slower step, a faster tree: the sum
+    ({(False, 1): 1, (False, 4): 2, (True, 1): 2, (True, 4): 2}, False),
+])
+def test_the_amx_tiles_are_taken_where_a_step_and_a_tree_take_less_time(monkeypatch, tmp_path, costs, amx):
+    """`_amx_rows_pay` times every layer's attention for a decode step and a 4-token tree both ways, taking turns,
+    and takes the tiles where the two cost less. A fake clock, moved on by each call's cost, stands in for the
+    machine."""
+    use_cache(monkeypatch, tmp_path)
+    lean = tiny_amx_target().lean
+    clock, calls = [0.0], []
+
+    def attend(qkv, cos, sin, keys, values, visible, heads, past, scale, tiles, tiled, layer, amx):
+        calls.append((amx, qkv.shape[1]))
+        clock[0] += costs[calls[-1]] / len(lean.layers)
+
+    monkeypatch.setattr(lean, "row_attention", types.SimpleNamespace(attend=attend))
+    monkeypatch.setattr("gumiho.llama.time.perf_counter", lambda: clock[0])
+    assert lean._amx_rows_pay() is amx
+    assert {key: calls.count(key) for key in costs} == dict.fromkeys(costs, (PREFILL_REPEATS + 1) * len(lean.layers))

@@ -226,6 +226,130 @@ def test_kept_key_tiles_give_the_keys_own_numbers_through_growth_compaction_and_
         assert int(tiled.tiled.max()) <= tiled.length // TILE * TILE
 
 
+def amx_or_skip(kernel) -> None:
+    if not kernel.amx():
+        pytest.skip("no AMX tiles here (the processor, the build or the OS)")
+
+
+def half_cache(seed: int, capacity: int = 1100) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(part.half() for part in cache(capacity=capacity, seed=seed))
+
+
+CHAINS_AND_BRANCHES = [[-1], [-1, 0, 0, 1], [-1, 0, 1, 2, 0, 4, 1], list(range(-1, 9))]
+
+
+@pytest.mark.parametrize("past", [0, 5, 28, 31, 32, 37, 60, 300, 1000])  # 28, 60: branches across a block of 32
+@pytest.mark.parametrize("parents", CHAINS_AND_BRANCHES)
+def test_on_amx_tiles_a_tree_node_equals_the_one_token_step_on_its_path_bit_for_bit(kernel, past, parents):
+    """In bf16 tile products a sum runs over blocks of 32 keys, so a node whose ancestors sit at other slots than a
+    one-token step's could round apart: the kernel gathers each token's keys past the last common block, so every
+    node still gets the step's numbers. Both are SDPA's within bf16 rounding."""
+    amx_or_skip(kernel)
+    n = len(parents)
+    keys, values = half_cache(past)
+    q = torch.randn(1, KV_HEADS, GROUP * n, D, generator=torch.Generator().manual_seed(past + n))
+    visible = tree_visibility(parents, past)
+    tree = kernel.attention(q, keys, values, visible, n, past, D ** -0.5, amx=True)
+    torch.testing.assert_close(tree, sdpa(q, keys.float(), values.float(), visible), rtol=0, atol=3e-2)
+    per_node = tree.view(1, KV_HEADS, GROUP, n, D)
+    for node in range(n):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        step_keys, step_values = keys.clone(), values.clone()
+        for depth, on_path in enumerate(path):
+            step_keys[:, :, past + depth] = keys[:, :, past + on_path]
+            step_values[:, :, past + depth] = values[:, :, past + on_path]
+        step_q = q.view(1, KV_HEADS, GROUP, n, D)[:, :, :, node].contiguous()
+        step = kernel.attention(step_q, step_keys, step_values, torch.empty(0, dtype=torch.bool), 1,
+                                past + len(path) - 1, D ** -0.5, amx=True)
+        assert torch.equal(step, per_node[:, :, :, node]), node
+
+
+def test_on_amx_tiles_batches_masks_and_threads_change_no_row(kernel):
+    """Left-padded batch rows, a causal call and the split across threads: each row's numbers are its own."""
+    amx_or_skip(kernel)
+    past, n = 700, 3
+    keys, values = (torch.cat([part, part.flip(-1)]) for part in half_cache(1))
+    q = torch.randn(2, KV_HEADS, GROUP * n, D, generator=torch.Generator().manual_seed(2))
+    causal = torch.ones(2, n, past + n, dtype=torch.bool).tril(past)
+    padded = causal.clone()
+    padded[1, :, :45] = False
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            outs.append([kernel.attention(q, keys, values, visible, n, past, D ** -0.5, amx=True)
+                         for visible in (torch.empty(0, dtype=torch.bool), causal, padded)])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    alone, causal_out, padded_out = outs[0]
+    assert torch.equal(alone, causal_out)
+    torch.testing.assert_close(padded_out, sdpa(q, keys.float(), values.float(), padded), rtol=0, atol=3e-2)
+    for row in range(2):  # a batch row alone gets what it got beside the other
+        single = kernel.attention(q[row : row + 1], keys[row : row + 1], values[row : row + 1], padded[row : row + 1],
+                                  n, past, D ** -0.5, amx=True)
+        assert torch.equal(single, padded_out[row : row + 1])
+
+
+def test_amx_tiles_kept_by_the_cache_give_the_keys_own_numbers_through_growth_compaction_and_truncation(kernel):
+    """The AMX path's cache keeps each committed block's key and value tiles (StaticCache(tiles=2)): every call's
+    output equals that of a cache keeping none, over trees of 1 to 12 tokens with the accepted paths compacted, the
+    cache grown and cut back below its tiles, and batch rows dropped."""
+    from gumiho.llama import TILE, StaticCache
+
+    amx_or_skip(kernel)
+    heads, layers = KV_HEADS * GROUP, 2
+    g = torch.Generator().manual_seed(7)
+    tiled, plain = (StaticCache(layers, KV_HEADS, D, torch.float16, torch.device("cpu"), capacity=40, batch=2,
+                                tiles=tiles) for tiles in (2, 0))
+    start = torch.randn(layers, 2, KV_HEADS, 37, D, generator=g).half()
+    for c in (tiled, plain):
+        c.keys[:, :, :, :37], c.values[:, :, :, :37], c.length = start, start.flip(-1), 37
+    sizes = [1, 4, 2, 12, 3, 1, 7, 5, 9, 3, 6, 4]
+    for step, n in enumerate(sizes * 2):
+        if step == len(sizes):
+            for c in (tiled, plain):
+                c.keep_rows(torch.tensor([1]))
+        batch, past = tiled.keys.shape[1], tiled.length
+        parents = [-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, n)]
+        visible = tree_visibility(parents, past, batch=batch)
+        qkv = torch.randn(batch, n, (heads + 2 * KV_HEADS) * D, generator=g)
+        angles = torch.rand(batch, n, D // 2, generator=g) * 6.0
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        for c in (tiled, plain):
+            c.reserve(past + n)
+        outs = [[kernel.attend(qkv, cos, sin, c.keys[i], c.values[i], visible, heads, past, D ** -0.5, c.tiles,
+                               c.tiled, i, amx=True) for i in range(layers)] for c in (tiled, plain)]
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), (step, n)
+        assert tiled.tiled.tolist() == [past // TILE * TILE] * layers  # every call brings its tiles up
+        path = torch.tensor([0] + [i for i in range(1, n) if parents[i] == i - 1][:2])
+        for c in (tiled, plain):
+            c.length = past + n
+            c.keep(past, path if step % 3 else torch.arange(len(path)))
+            if step % 5 == 4:
+                c.truncate(c.length - 20)
+            if step % 7 == 6:
+                c.crop(3)
+        assert int(tiled.tiled.max()) <= tiled.length // TILE * TILE
+
+
+def test_without_amx_tiles_the_amx_flag_changes_nothing(kernel):
+    """Where the tiles do not apply (an fp32 cache; heads other than 64 dimensions; a processor without AMX), a call
+    asking for them gets the fp32 numbers."""
+    keys, values = cache(seed=4)
+    q = torch.randn(1, KV_HEADS, GROUP * 2, D, generator=torch.Generator().manual_seed(4))
+    visible = tree_visibility([-1, 0], 50)
+    assert torch.equal(kernel.attention(q, keys, values, visible, 2, 50, D ** -0.5, amx=True),
+                       kernel.attention(q, keys, values, visible, 2, 50, D ** -0.5))
+    narrow = q[..., :32].contiguous(), keys[..., :32].half(), values[..., :32].half()
+    assert torch.equal(kernel.attention(*narrow, visible, 2, 50, 32 ** -0.5, amx=True),
+                       kernel.attention(*narrow, visible, 2, 50, 32 ** -0.5))
+
+
 BUILDS = (kernels.row_attention, kernels.row_ops, kernels.q8_matmul, kernels.q4_matmul, kernels.prompt_attention)
 
 

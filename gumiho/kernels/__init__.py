@@ -75,6 +75,8 @@ def _flags(name: str, capability: str) -> list[str]:
             vector += ["-mavx512f", "-mavx512bw"]
             if name == "prompt_attention" and "avx512_bf16" in flags:
                 vector.append("-mavx512bf16")  # its bf16 products (vdpbf16ps)
+            if name == "attention" and {"avx512_bf16", "amx_tile", "amx_bf16"} <= flags:
+                vector += ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]  # decode and tree rows on AMX tiles
     return ["-O3", *vector] + _openmp(name)
 
 

@@ -21,6 +21,11 @@
 
 #include "simd.h"
 
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace {
 
 using Half = at::Half;
@@ -436,7 +441,274 @@ struct KeptTiles {
     Half* data = nullptr;
     int64_t b_stride = 0, h_stride = 0;
     int64_t* ready = nullptr;
+    int64_t width = 0;  // numbers a block of 16 keys holds: d * 16, or twice that for the AMX path's (amx_attention)
 };
+
+#if defined(GUMIHO_WIDE) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__linux__)
+#define GUMIHO_AMX 1
+namespace {
+// Decode steps and trees in bf16 products on AMX tiles (`amx_attention`): the queries, the cache's fp16 keys and
+// values, and the softmax's numerators rounded to bf16 (to nearest, ties to even), every product summed in fp32.
+// A row's numbers depend only on its own query and on the keys and values it sees, in order, never on their slots,
+// on the other rows, or on how many there are: so a tree node still gets, bit for bit, the output of a one-token step
+// at its position (which sees the same keys at consecutive slots), and greedy speculation on this path equals its AR.
+//   - Scores: S = Q K^T, a key's score from its 64 dimensions in two tile products, whatever block it sits in.
+//   - The weighted sums run over blocks of 32 keys *counted along the row's visible keys*: the keys before the last
+//     whole block under `past` (seen by every row of a tree, at the slots a one-token step has them) as one product
+//     for all rows; the rest, per token, gathered from the slots it sees into blocks of their own. A block is the
+//     same 32 keys for a tree node and for the step, whichever way it was gathered; and what a row does not see
+//     enters as an exact zero.
+//   - The sums of the numerators go in the same order: 16 lanes by visible position, blocks in turn.
+// On the 2-core Intel Xeon with AMX (model 167), 30 layers over 800 cached tokens, ... (see row_attention_choice).
+constexpr int64_t AMX_ROWS = 16;  // query rows a tile holds
+constexpr int64_t AMX_KEYS = 32;  // keys a probability tile's row, and a value tile, covers
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t bytes_per_row[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// Linux lets a process use the tiles' 8 KB of state once it asks (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
+bool amx_usable() {
+    static const bool usable = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return usable;
+}
+
+// Tiles 0-7 as 16 rows of 64 bytes, for the calling thread (each thread has its own tile registers).
+inline void configure_tiles() {
+    TileConfig config;
+    for (int i = 0; i < 8; ++i) {
+        config.bytes_per_row[i] = 64;
+        config.rows[i] = 16;
+    }
+    _tile_loadconfig(&config);
+}
+
+// 32 floats (lo: the first 16) as 32 bf16, rounded to nearest, ties to even.
+inline __m512i bf16x32(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+// 16 bf16 (the low or high half of such a vector) as floats, exactly.
+inline __m512 low_floats(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(x)), 16));
+}
+inline __m512 high_floats(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1)), 16));
+}
+
+// The 16 keys at key[0], key[kstride], ... (the first `count`; zeros after) as the two B tiles of Q K^T:
+// tile[half * 512 + i * 32 + 2k + e] = dimension 32 half + 2i + e of key k, in bf16.
+inline void key_pair_tiles(const Half* key, int64_t kstride, int64_t count, uint16_t* tile) {
+    __m512 low[16], high[16];
+    for (int k = 0; k < 16; ++k) {
+        if (k >= count) {
+            low[k] = high[k] = _mm512_setzero_ps();
+            continue;
+        }
+        const Half* row = key + k * kstride;
+        low[k] = _mm512_castsi512_ps(bf16x32(widen(Floats16{}, row), widen(Floats16{}, row + 16)));
+        high[k] = _mm512_castsi512_ps(bf16x32(widen(Floats16{}, row + 32), widen(Floats16{}, row + 48)));
+    }
+    transpose16(low);  // moves 32-bit pairs, never rounds them
+    transpose16(high);
+    for (int i = 0; i < 16; ++i) {
+        _mm512_storeu_ps(tile + i * 32, low[i]);
+        _mm512_storeu_ps(tile + 512 + i * 32, high[i]);
+    }
+}
+
+// The 32 value rows rows[0 .. 31] (nullptr: zeros) as the four B tiles of P V, tiles 0-1 at `low`, 2-3 at `high`:
+// tile c's [i * 32 + 2m + e] = dimension 16c + m of value row 2i + e, in bf16.
+inline void value_pair_tiles(const Half* const* rows, uint16_t* low, uint16_t* high) {
+    alignas(64) static constexpr uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(order);
+    for (int i = 0; i < 16; ++i) {
+        const Half* a = rows[2 * i];
+        const Half* b = rows[2 * i + 1];
+        for (int c = 0; c < 4; ++c) {
+            const __m512 x = a ? widen(Floats16{}, a + 16 * c) : _mm512_setzero_ps();
+            const __m512 y = b ? widen(Floats16{}, b + 16 * c) : _mm512_setzero_ps();
+            uint16_t* tile = c < 2 ? low + c * 512 : high + (c - 2) * 512;
+            _mm512_storeu_si512(tile + i * 32, _mm512_permutexvar_epi16(interleave, bf16x32(x, y)));
+        }
+    }
+}
+
+// A row's numerators p[0 .. 31] as a bf16 row of a probability tile, their sum added to `sum` 16 lanes at a time.
+inline void probability_row(const float* p, uint16_t* row, __m512& sum) {
+    const __m512i x = bf16x32(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16));
+    _mm512_storeu_si512(row, x);
+    sum = _mm512_add_ps(sum, low_floats(x));
+    sum = _mm512_add_ps(sum, high_floats(x));
+}
+
+// Per thread: every buffer a call's head needs, grown as needed and never shrunk.
+struct AmxBuffers {
+    std::vector<uint16_t> keys, values, queries, probs, tail;
+    std::vector<float> scores, gathered;
+    std::vector<int64_t> slots;
+    std::vector<const Half*> rows;
+    template <typename T>
+    static T* sized(std::vector<T>& v, int64_t n) {
+        if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+        return v.data();
+    }
+};
+
+}  // namespace
+
+// `attention_of`'s outputs for an fp16 cache and heads of 64 dimensions, in bf16 tile products (see above).
+torch::Tensor amx_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                            const bool* vp, int64_t n, int64_t past, double scale, KeptTiles kept) {
+    const int64_t B = q.size(0), H = q.size(1), R = q.size(2), D = 64, total = past + n, G = R / n;
+    const int64_t common = past / AMX_KEYS * AMX_KEYS;  // keys every row sees at a one-token step's slots
+    // Kept tiles (the cache's, where given): per block of 16 keys, its two key tiles (1,024 bf16) and half of its
+    // block of 32's value tiles; those of keys [0, ready) are up to date, and this call brings them up to `tiled`.
+    const int64_t tiled = kept.data != nullptr ? past / 16 * 16 : 0;
+    const int64_t from = kept.data != nullptr ? std::min(*kept.ready, tiled) : 0;
+    const int64_t key_blocks = (total + 15) / 16, stride = key_blocks * 16;
+    // A tile takes whole tokens: its rows are (token, member) ordered, where q's are (member, token).
+    const int64_t group = AMX_ROWS / G * G;
+    const auto row_of = [&](int64_t v) { return v % G * n + v / G; };
+    auto out = torch::empty_like(q);
+    const float* qp = q.data_ptr<float>();
+    const Half* kp = keys.data_ptr<Half>();
+    const Half* valp = values.data_ptr<Half>();
+    float* op = out.data_ptr<float>();
+    const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
+    const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
+    const float fscale = static_cast<float>(scale);
+    split(B * H, B * H * R * total * D, [&](int64_t begin, int64_t end) {
+        static thread_local AmxBuffers buffers;
+        AmxBuffers& buf = buffers;
+        uint16_t* scratch_keys = AmxBuffers::sized(buf.keys, key_blocks * 1024);
+        uint16_t* scratch_values = AmxBuffers::sized(buf.values, common / AMX_KEYS * 2048 + 1);
+        uint16_t* qa = AmxBuffers::sized(buf.queries, AMX_ROWS * D);
+        uint16_t* probs = AmxBuffers::sized(buf.probs, AMX_ROWS * common + 1);
+        uint16_t* tail = AmxBuffers::sized(buf.tail, AMX_ROWS * AMX_KEYS + 2048);
+        float* scores = AmxBuffers::sized(buf.scores, AMX_ROWS * stride);
+        float* gathered = AmxBuffers::sized(buf.gathered, AMX_KEYS);
+        int64_t* slots = AmxBuffers::sized(buf.slots, total - common + AMX_KEYS);
+        const Half** rows = AmxBuffers::sized(buf.rows, AMX_KEYS);
+        alignas(64) float acc[AMX_ROWS * 64];
+        __m512 sums[AMX_ROWS];
+        configure_tiles();
+        for (int64_t bh = begin; bh < end; ++bh) {
+            const int64_t b = bh / H, h = bh % H;
+            const Half* key = kp + b * ks0 + h * ks1;
+            const Half* value = valp + b * vs0 + h * vs1;
+            uint16_t* own = kept.data != nullptr
+                ? reinterpret_cast<uint16_t*>(kept.data + b * kept.b_stride + h * kept.h_stride) : nullptr;
+            // block b's key tiles, and value tiles c = 0-1 (`low`) and 2-3 (`high`) of block of 32 b
+            const auto key_tiles_of = [&](int64_t block) {
+                return block < tiled / 16 ? own + block * 2048 : scratch_keys + block * 1024;
+            };
+            const auto value_tiles_of = [&](int64_t block, bool high) {
+                return own != nullptr ? own + (2 * block + high) * 2048 + 1024
+                                      : scratch_values + block * 2048 + high * 1024;
+            };
+            for (int64_t block = own != nullptr ? from / 16 : 0; block < key_blocks; ++block)
+                key_pair_tiles(key + block * 16 * ks2, ks2, std::min<int64_t>(16, total - block * 16),
+                               key_tiles_of(block));
+            for (int64_t block = own != nullptr ? from / AMX_KEYS : 0; block < common / AMX_KEYS; ++block) {
+                for (int k = 0; k < AMX_KEYS; ++k) rows[k] = value + (block * AMX_KEYS + k) * vs2;
+                value_pair_tiles(rows, value_tiles_of(block, false), value_tiles_of(block, true));
+            }
+            for (int64_t v0 = 0; v0 < R; v0 += group) {
+                const int64_t count = std::min(group, R - v0);
+                // Q as two A tiles (dimensions 0-31, 32-63), bf16; rows past `count` zero.
+                for (int64_t r = 0; r < AMX_ROWS; ++r) {
+                    for (int c = 0; c < 2; ++c) {
+                        const float* from = qp + (bh * R + row_of(v0 + r)) * D + 32 * c;
+                        const __m512i x = r < count ? bf16x32(_mm512_loadu_ps(from), _mm512_loadu_ps(from + 16))
+                                                    : _mm512_setzero_si512();
+                        _mm512_storeu_si512(qa + r * D + 32 * c, x);
+                    }
+                }
+                _tile_loadd(0, qa, D * 2);
+                _tile_loadd(1, qa + 32, D * 2);
+                for (int64_t block = 0; block < key_blocks; ++block) {
+                    _tile_zero(2);
+                    _tile_loadd(3, key_tiles_of(block), 64);
+                    _tile_dpbf16ps(2, 0, 3);
+                    _tile_loadd(4, key_tiles_of(block) + 512, 64);
+                    _tile_dpbf16ps(2, 1, 4);
+                    _tile_stored(2, scores + block * 16, stride * 4);
+                }
+                // Each row's numerators; the common keys' as one probability tile per 32 keys.
+                for (int64_t r = 0; r < count; ++r) {
+                    float* row = scores + r * stride;
+                    const __m512 vscale = _mm512_set1_ps(fscale);
+                    for (int64_t j = 0; j < stride; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(
+                        _mm512_loadu_ps(row + j), vscale));
+                    softmax_numerators<Floats16>(row, vp + (b * n + (v0 + r) / G) * total, total);
+                    sums[r] = _mm512_setzero_ps();
+                    for (int64_t j = 0; j < common; j += AMX_KEYS)
+                        probability_row(row + j, probs + r * common + j, sums[r]);
+                }
+                _tile_zero(4);
+                _tile_zero(5);
+                _tile_zero(6);
+                _tile_zero(7);
+                for (int64_t block = 0; block < common / AMX_KEYS; ++block) {
+                    _tile_loadd(0, probs + block * AMX_KEYS, common * 2);
+                    const uint16_t* low = value_tiles_of(block, false);
+                    const uint16_t* high = value_tiles_of(block, true);
+                    _tile_loadd(1, low, 64);
+                    _tile_dpbf16ps(4, 0, 1);
+                    _tile_loadd(2, low + 512, 64);
+                    _tile_dpbf16ps(5, 0, 2);
+                    _tile_loadd(3, high, 64);
+                    _tile_dpbf16ps(6, 0, 3);
+                    _tile_loadd(1, high + 512, 64);
+                    _tile_dpbf16ps(7, 0, 1);
+                }
+                // The rest, per token: the keys it sees from `common` on, gathered into blocks of 32 in order.
+                for (int64_t first = 0; first < count; first += G) {
+                    const bool* seen = vp + (b * n + (v0 + first) / G) * total;
+                    int64_t m = 0;
+                    for (int64_t j = common; j < total; ++j)
+                        if (seen[j]) slots[m++] = j;
+                    for (int64_t k0 = 0; k0 < m; k0 += AMX_KEYS) {
+                        const int64_t here = std::min(AMX_KEYS, m - k0);
+                        for (int k = 0; k < AMX_KEYS; ++k) rows[k] = k < here ? value + slots[k0 + k] * vs2 : nullptr;
+                        uint16_t* vtail = tail + AMX_ROWS * AMX_KEYS;
+                        value_pair_tiles(rows, vtail, vtail + 1024);
+                        std::memset(tail, 0, AMX_ROWS * AMX_KEYS * 2);
+                        for (int64_t r = first; r < first + G; ++r) {
+                            const float* row = scores + r * stride;
+                            for (int k = 0; k < AMX_KEYS; ++k) gathered[k] = k < here ? row[slots[k0 + k]] : 0.f;
+                            probability_row(gathered, tail + r * AMX_KEYS, sums[r]);
+                        }
+                        _tile_loadd(0, tail, AMX_KEYS * 2);
+                        _tile_loadd(1, vtail, 64);
+                        _tile_dpbf16ps(4, 0, 1);
+                        _tile_loadd(2, vtail + 512, 64);
+                        _tile_dpbf16ps(5, 0, 2);
+                        _tile_loadd(3, vtail + 1024, 64);
+                        _tile_dpbf16ps(6, 0, 3);
+                        _tile_loadd(1, vtail + 1536, 64);
+                        _tile_dpbf16ps(7, 0, 1);
+                    }
+                }
+                _tile_stored(4, acc, 64 * 4);  // tile 4 + c: dimensions 16c .. 16c + 15 of every row
+                _tile_stored(5, acc + 16, 64 * 4);
+                _tile_stored(6, acc + 32, 64 * 4);
+                _tile_stored(7, acc + 48, 64 * 4);
+                for (int64_t r = 0; r < count; ++r) {
+                    const float sum = _mm512_reduce_add_ps(sums[r]);
+                    float* o = op + (bh * R + row_of(v0 + r)) * D;
+                    for (int64_t d = 0; d < D; ++d) o[d] = sum > 0.f ? acc[r * 64 + d] / sum : 0.f;
+                }
+            }
+        }
+        _tile_release();
+    });
+    if (kept.data != nullptr) *kept.ready = tiled;
+    return out;
+}
+#endif
 
 template <typename T>
 torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
@@ -610,12 +882,29 @@ torch::Tensor attention_of(torch::Tensor q, torch::Tensor keys, torch::Tensor va
 // keys, values [B, H, >= total, d], both fp32 or both fp16, each row of d contiguous (a view of a KV cache).
 // visible: bool [B, n, total], or an empty tensor for causal visibility (token i sees keys 0 .. past + i).
 // Returns [B, H, R, d] fp32.
+// `amx`: in bf16 tile products where this build and process have AMX, the cache is fp16, heads have 64 dimensions
+// and a KV head's group fits a tile (`amx_attention`: other numbers, row-consistent too); else as without it.
 torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible,
-                        int64_t n, int64_t past, double scale, KeptTiles kept = {}) {
+                        int64_t n, int64_t past, double scale, KeptTiles kept = {}, bool amx = false) {
     const auto cache = keys.scalar_type();
     TORCH_CHECK(q.scalar_type() == torch::kFloat && (cache == torch::kFloat || cache == torch::kHalf) &&
                 values.scalar_type() == cache, "attention: fp32 queries, fp32 or fp16 keys and values");
     TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention: key and value rows must be contiguous");
+#ifdef GUMIHO_AMX
+    if (amx && cache == torch::kHalf && q.size(3) == 64 && q.size(2) % n == 0 && q.size(2) / n <= AMX_ROWS &&
+        amx_usable()) {
+        const int64_t B = q.size(0), total = past + n;
+        TORCH_CHECK(keys.size(2) >= total && values.size(2) >= total, "attention: inconsistent shapes");
+        torch::Tensor vis = visible.numel() == 0
+            ? torch::ones({n, total}, torch::kBool).tril(past).expand({B, n, total}).contiguous()
+            : visible.to(torch::kBool).contiguous();
+        TORCH_CHECK(vis.size(0) == B && vis.size(1) == n && vis.size(2) == total,
+                    "attention: visible is not [B, n, total]");
+        return amx_attention(q.contiguous(), keys, values, vis.data_ptr<bool>(), n, past, scale,
+                             kept.width == 2 * 64 * 16 ? kept : KeptTiles{});
+    }
+#endif
+    if (kept.width != q.size(3) * 16) kept = {};  // the AMX path's tiles, where it does not run
     return cache == torch::kHalf ? attention_of<Half>(q, keys, values, visible, n, past, scale, kept)
                                  : attention_of<float>(q, keys, values, visible, n, past, scale);
 }
@@ -690,7 +979,7 @@ void check_rotate(const torch::Tensor& qkv, const torch::Tensor& cos, const torc
                 (cache == torch::kFloat || cache == torch::kHalf) && values.scalar_type() == cache,
                 "attend/rotate: fp32 inputs (rotate: qkv fp32 or bf16), an fp32 or fp16 cache");
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3);
-    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && keys.size(2) >= past + n &&
+    TORCH_CHECK(heads % KV == 0 && qkv.size(2) == (heads + 2 * KV) * d && past >= 0 && keys.size(2) >= past + n &&
                 values.size(2) >= past + n && cos.size(0) == B && cos.size(1) == n && cos.size(2) == d,
                 "attend/rotate: inconsistent shapes");
     TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1,
@@ -727,7 +1016,7 @@ torch::Tensor rotate_into(torch::Tensor qkv, torch::Tensor cos, torch::Tensor si
 // tensors: none kept (the call scores from the keys alone, with the same numbers).
 torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
                      torch::Tensor values, torch::Tensor visible, int64_t heads, int64_t past, double scale,
-                     torch::Tensor tiles, torch::Tensor ready, int64_t layer) {
+                     torch::Tensor tiles, torch::Tensor ready, int64_t layer, bool amx) {
     const auto cache = keys.scalar_type();
     const int64_t B = qkv.size(0), n = qkv.size(1), KV = keys.size(1), d = keys.size(3), G = heads / KV;
     TORCH_CHECK(qkv.scalar_type() == torch::kFloat, "attend: fp32 qkv");
@@ -735,14 +1024,17 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
     KeptTiles kept;
     if (tiles.defined() && tiles.numel() > 0) {
         TORCH_CHECK(cache == torch::kHalf && tiles.scalar_type() == torch::kHalf && tiles.is_contiguous() &&
-                    tiles.dim() == 5 && tiles.size(1) == B && tiles.size(2) == KV && tiles.size(4) == d * 16 &&
+                    tiles.dim() == 5 && tiles.size(1) == B && tiles.size(2) == KV &&
+                    (tiles.size(4) == d * 16 || tiles.size(4) == 2 * d * 16) &&
                     tiles.size(3) * 16 >= past && ready.scalar_type() == torch::kLong && ready.is_contiguous() &&
                     layer >= 0 && layer < tiles.size(0) && ready.numel() == tiles.size(0),
-                    "attend: kept tiles fp16 [layers, B, KV, capacity / 16, d * 16] with int64 [layers] counts");
+                    "attend: kept tiles fp16 [layers, B, KV, capacity / 16, d * 16 (x2 for amx)] with int64 "
+                    "[layers] counts");
         kept = {tiles.data_ptr<Half>() + layer * tiles.stride(0), tiles.stride(1), tiles.stride(2),
-                ready.data_ptr<int64_t>() + layer};
+                ready.data_ptr<int64_t>() + layer, tiles.size(4)};
     }
-    const torch::Tensor grouped = attention(q, keys, values, visible, n, past, scale, kept);  // [B, KV, G * n, d]
+    // [B, KV, G * n, d]
+    const torch::Tensor grouped = attention(q, keys, values, visible, n, past, scale, kept, amx);
     auto out = torch::empty({B, n, heads * d}, qkv.options());
     const float* gp = grouped.data_ptr<float>();
     float* op = out.data_ptr<float>();
@@ -756,8 +1048,12 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, to
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", [](torch::Tensor q, torch::Tensor keys, torch::Tensor values, torch::Tensor visible, int64_t n,
-                          int64_t past, double scale) { return attention(q, keys, values, visible, n, past, scale); },
-          "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU)");
+                          int64_t past, double scale, bool amx) {
+              return attention(q, keys, values, visible, n, past, scale, {}, amx);
+          }, "Row-consistent attention (fp32 queries, an fp32 or fp16 cache; CPU); `amx`: in bf16 tile products where "
+          "it can (`amx()`)", pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"),
+          pybind11::arg("visible"), pybind11::arg("n"), pybind11::arg("past"), pybind11::arg("scale"),
+          pybind11::arg("amx") = false);
     m.def("rotate", &rotate_into, "A layer's rotary and cache writes alone: the grouped queries [B, KV, G * n, d] "
           "in fp32, or in bf16 where asked (a prompt's, for its causal attention; its qkv fp32 or bf16)",
           pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("keys"),
@@ -768,7 +1064,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("values"), pybind11::arg("visible"), pybind11::arg("heads"), pybind11::arg("past"),
           pybind11::arg("scale"), pybind11::arg("tiles") = torch::empty({0}, torch::kHalf),
           pybind11::arg("ready") = torch::empty({0}, torch::kLong),
-          pybind11::arg("layer") = 0);
+          pybind11::arg("layer") = 0, pybind11::arg("amx") = false);
+    m.def("amx", [] {
+#ifdef GUMIHO_AMX
+        return amx_usable();
+#else
+        return false;
+#endif
+    }, "Whether `amx=True` takes bf16 tile products here (an AMX build, and Linux lets this process use the tiles)");
     m.def("keeps_tiles", [] {
 #ifdef GUMIHO_WIDE
         return true;
