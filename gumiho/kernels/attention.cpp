@@ -628,13 +628,24 @@ torch::Tensor amx_attention(const torch::Tensor& q, const torch::Tensor& keys, c
                 }
                 _tile_loadd(0, qa, D * 2);
                 _tile_loadd(1, qa + 32, D * 2);
-                for (int64_t block = 0; block < key_blocks; ++block) {
+                // Two blocks of 16 keys at a time, in tiles 2-4 and 5-7 (free until the weighted sums): two chains
+                // of products in flight. Every score is the same zero, then dimensions 0-31, then 32-63.
+                for (int64_t block = 0; block < key_blocks; block += 2) {
+                    const bool pair = block + 1 < key_blocks;
                     _tile_zero(2);
                     _tile_loadd(3, key_tiles_of(block), 64);
-                    _tile_dpbf16ps(2, 0, 3);
                     _tile_loadd(4, key_tiles_of(block) + 512, 64);
+                    if (pair) {
+                        _tile_zero(5);
+                        _tile_loadd(6, key_tiles_of(block + 1), 64);
+                        _tile_loadd(7, key_tiles_of(block + 1) + 512, 64);
+                    }
+                    _tile_dpbf16ps(2, 0, 3);
+                    if (pair) _tile_dpbf16ps(5, 0, 6);
                     _tile_dpbf16ps(2, 1, 4);
+                    if (pair) _tile_dpbf16ps(5, 1, 7);
                     _tile_stored(2, scores + block * 16, stride * 4);
+                    if (pair) _tile_stored(5, scores + (block + 1) * 16, stride * 4);
                 }
                 // Each row's numerators; the common keys' as one probability tile per 32 keys.
                 for (int64_t r = 0; r < count; ++r) {
@@ -895,13 +906,18 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
         amx_usable()) {
         const int64_t B = q.size(0), total = past + n;
         TORCH_CHECK(keys.size(2) >= total && values.size(2) >= total, "attention: inconsistent shapes");
-        torch::Tensor vis = visible.numel() == 0
-            ? torch::ones({n, total}, torch::kBool).tril(past).expand({B, n, total}).contiguous()
-            : visible.to(torch::kBool).contiguous();
+        const KeptTiles tiles = kept.width == 2 * 64 * 16 ? kept : KeptTiles{};
+        if (visible.numel() == 0) {  // causal: token i sees keys 0 .. past + i (the same rows for every batch row)
+            std::vector<uint8_t> causal(B * n * total);
+            for (int64_t row = 0; row < B * n; ++row)
+                for (int64_t j = 0; j < total; ++j) causal[row * total + j] = j <= past + row % n;
+            return amx_attention(q.contiguous(), keys, values, reinterpret_cast<const bool*>(causal.data()), n,
+                                 past, scale, tiles);
+        }
+        const torch::Tensor vis = visible.to(torch::kBool).contiguous();
         TORCH_CHECK(vis.size(0) == B && vis.size(1) == n && vis.size(2) == total,
                     "attention: visible is not [B, n, total]");
-        return amx_attention(q.contiguous(), keys, values, vis.data_ptr<bool>(), n, past, scale,
-                             kept.width == 2 * 64 * 16 ? kept : KeptTiles{});
+        return amx_attention(q.contiguous(), keys, values, vis.data_ptr<bool>(), n, past, scale, tiles);
     }
 #endif
     if (kept.width != q.size(3) * 16) kept = {};  // the AMX path's tiles, where it does not run
