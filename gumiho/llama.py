@@ -79,10 +79,11 @@ class StaticCache:
     nodes)` compacts a verified tree to its accepted path in place (one gather for all layers); `keep_rows` drops
     finished rows of a batch. The capacity doubles when needed.
 
-    `tiles` (an fp16 cache read by the 512-bit row-consistent attention): the keys also kept transposed in blocks of
-    TILE, [layers, batch, kv_heads, capacity / TILE, head_dim * TILE], of which the attention keeps the first
-    `tiled[layer]` keys up to date (it transposes each committed block once, where it had transposed every block of
-    a tree's call again). Whatever changes keys below that count lowers it: `truncate`, `crop`, `keep`.
+    `tiles` (an fp16 cache read by the 512-bit row-consistent attention): 1, the keys also kept transposed in blocks
+    of TILE, [layers, batch, kv_heads, capacity / TILE, head_dim * TILE]; 2, for the AMX tiles' attention, each block's
+    key tiles and half of its block of 32's value tiles, in bf16 (twice as wide). The attention keeps the first
+    `tiled[layer]` keys' tiles up to date (it converts each committed block once, where it had converted every block
+    of a tree's call again). Whatever changes keys below that count lowers it: `truncate`, `crop`, `keep`.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
