@@ -613,10 +613,10 @@ torch::Tensor amx_attention(const torch::Tensor& q, const torch::Tensor& keys, c
                 return own != nullptr ? own + (2 * block + high) * 2048 + 1024
                                       : scratch_values + block * 2048 + high * 1024;
             };
-            for (int64_t block = own != nullptr ? from / 16 : 0; block < key_blocks; ++block)
+            for (int64_t block = from / 16; block < key_blocks; ++block)  // from = 0 where none are kept
                 key_pair_tiles(key + block * 16 * ks2, ks2, std::min<int64_t>(16, total - block * 16),
                                key_tiles_of(block));
-            for (int64_t block = own != nullptr ? from / AMX_KEYS : 0; block < common / AMX_KEYS; ++block) {
+            for (int64_t block = from / AMX_KEYS; block < common / AMX_KEYS; ++block) {
                 for (int k = 0; k < AMX_KEYS; ++k) rows[k] = value + (block * AMX_KEYS + k) * vs2;
                 value_pair_tiles(rows, value_tiles_of(block, false), value_tiles_of(block, true));
             }
@@ -625,32 +625,21 @@ torch::Tensor amx_attention(const torch::Tensor& q, const torch::Tensor& keys, c
                 // Q as two A tiles (dimensions 0-31, 32-63), bf16; rows past `count` zero.
                 for (int64_t r = 0; r < AMX_ROWS; ++r) {
                     for (int c = 0; c < 2; ++c) {
-                        const float* from = qp + (bh * R + row_of(v0 + r)) * D + 32 * c;
-                        const __m512i x = r < count ? bf16x32(_mm512_loadu_ps(from), _mm512_loadu_ps(from + 16))
+                        const float* query = qp + (bh * R + row_of(v0 + r)) * D + 32 * c;
+                        const __m512i x = r < count ? bf16x32(_mm512_loadu_ps(query), _mm512_loadu_ps(query + 16))
                                                     : _mm512_setzero_si512();
                         _mm512_storeu_si512(qa + r * D + 32 * c, x);
                     }
                 }
                 _tile_loadd(0, qa, D * 2);
                 _tile_loadd(1, qa + 32, D * 2);
-                // Two blocks of 16 keys at a time, in tiles 2-4 and 5-7 (free until the weighted sums): two chains
-                // of products in flight. Every score is the same zero, then dimensions 0-31, then 32-63.
-                for (int64_t block = 0; block < key_blocks; block += 2) {
-                    const bool pair = block + 1 < key_blocks;
+                for (int64_t block = 0; block < key_blocks; ++block) {  // every score: zero, dims 0-31, 32-63
                     _tile_zero(2);
                     _tile_loadd(3, key_tiles_of(block), 64);
-                    _tile_loadd(4, key_tiles_of(block) + 512, 64);
-                    if (pair) {
-                        _tile_zero(5);
-                        _tile_loadd(6, key_tiles_of(block + 1), 64);
-                        _tile_loadd(7, key_tiles_of(block + 1) + 512, 64);
-                    }
                     _tile_dpbf16ps(2, 0, 3);
-                    if (pair) _tile_dpbf16ps(5, 0, 6);
+                    _tile_loadd(4, key_tiles_of(block) + 512, 64);
                     _tile_dpbf16ps(2, 1, 4);
-                    if (pair) _tile_dpbf16ps(5, 1, 7);
                     _tile_stored(2, scores + block * 16, stride * 4);
-                    if (pair) _tile_stored(5, scores + (block + 1) * 16, stride * 4);
                 }
                 // Each row's numerators; the common keys' as one probability tile per 32 keys.
                 for (int64_t r = 0; r < count; ++r) {
