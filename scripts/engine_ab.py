@@ -45,9 +45,9 @@ def one_row_ms(head, width: int) -> float:
     return sorted(times)[len(times) // 4] * 1e3
 
 
-def benchmark_prompts(count: int) -> list[tuple[str, str]]:
-    """(set name, first turn) of the first `count` prompts of each benchmark set."""
-    return [(name, r.turns[0]) for name in SETS
+def benchmark_prompts(count: int, sets: list[str] = SETS) -> list[tuple[str, str]]:
+    """(set name, first turn) of the first `count` prompts of each of `sets`."""
+    return [(name, r.turns[0]) for name in sets
             for r in read_prompt_file(ROOT / "data" / "benchmarks" / f"{name}.jsonl", limit=count)]
 
 
