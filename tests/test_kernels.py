@@ -180,19 +180,23 @@ def test_attend_rounds_what_it_writes_to_an_fp16_cache(kernel):
     torch.testing.assert_close(out, wide, rtol=0, atol=5e-3)
 
 
-def test_kept_key_tiles_give_the_keys_own_numbers_through_growth_compaction_and_truncation(kernel):
-    """An fp16 cache that keeps its keys transposed (StaticCache.tiles, the 512-bit build): every call's output and
-    the keys it writes equal, bit for bit, those of the same cache without tiles, over trees of 1 to 12 tokens, the
-    accepted paths compacted (`keep`), the cache grown (`reserve`) and cut back (`truncate`, `crop`) below what the
-    tiles held, and batch rows dropped (`keep_rows`)."""
+@pytest.mark.parametrize("width", [1, 2], ids=["transposed keys", "amx tiles"])
+def test_kept_key_tiles_give_the_keys_own_numbers_through_growth_compaction_and_truncation(kernel, width):
+    """An fp16 cache that keeps its keys transposed (StaticCache(tiles=1), the 512-bit build), or the AMX path's key
+    and value tiles (tiles=2): every call's output and the keys it writes equal, bit for bit, those of the same cache
+    without tiles, over trees of 1 to 12 tokens, the accepted paths compacted (`keep`), the cache grown (`reserve`)
+    and cut back (`truncate`, `crop`) below what the tiles held, and batch rows dropped (`keep_rows`)."""
     from gumiho.llama import TILE, StaticCache
 
-    if not kernel.keeps_tiles():
+    amx = width == 2
+    if amx:
+        amx_or_skip(kernel)
+    elif not kernel.keeps_tiles():
         pytest.skip("this build keeps no tiles (no 512-bit vectors)")
     heads, layers = KV_HEADS * GROUP, 2
     g = torch.Generator().manual_seed(7)
     tiled, plain = (StaticCache(layers, KV_HEADS, D, torch.float16, torch.device("cpu"), capacity=40, batch=2,
-                                tiles=tiles) for tiles in (True, False))
+                                tiles=tiles) for tiles in (width, 0))
     start = torch.randn(layers, 2, KV_HEADS, 37, D, generator=g).half()
     for c in (tiled, plain):
         c.keys[:, :, :, :37], c.values[:, :, :, :37], c.length = start, start.flip(-1), 37
@@ -210,10 +214,12 @@ def test_kept_key_tiles_give_the_keys_own_numbers_through_growth_compaction_and_
         for c in (tiled, plain):
             c.reserve(past + n)
         outs = [[kernel.attend(qkv, cos, sin, c.keys[i], c.values[i], visible, heads, past, D ** -0.5, c.tiles,
-                               c.tiled, i) for i in range(layers)] for c in (tiled, plain)]
+                               c.tiled, i, amx=amx) for i in range(layers)] for c in (tiled, plain)]
         assert all(torch.equal(a, b) for a, b in zip(*outs)), (step, n)
         assert torch.equal(tiled.keys[..., : past + n, :], plain.keys[..., : past + n, :])
-        if n >= 3:  # a tree of 3 tokens or more (TREE_ROWS query rows) scored the committed blocks from the tiles
+        # a tree of 3 tokens or more (TREE_ROWS query rows) scored the committed blocks from the tiles; on the AMX
+        # tiles every call brings them up
+        if n >= 3 or amx:
             assert tiled.tiled.tolist() == [past // TILE * TILE] * layers
         path = torch.tensor([0] + [i for i in range(1, n) if parents[i] == i - 1][:2])
         for c in (tiled, plain):
@@ -293,48 +299,6 @@ def test_on_amx_tiles_batches_masks_and_threads_change_no_row(kernel):
         single = kernel.attention(q[row : row + 1], keys[row : row + 1], values[row : row + 1], padded[row : row + 1],
                                   n, past, D ** -0.5, amx=True)
         assert torch.equal(single, padded_out[row : row + 1])
-
-
-def test_amx_tiles_kept_by_the_cache_give_the_keys_own_numbers_through_growth_compaction_and_truncation(kernel):
-    """The AMX path's cache keeps each committed block's key and value tiles (StaticCache(tiles=2)): every call's
-    output equals that of a cache keeping none, over trees of 1 to 12 tokens with the accepted paths compacted, the
-    cache grown and cut back below its tiles, and batch rows dropped."""
-    from gumiho.llama import TILE, StaticCache
-
-    amx_or_skip(kernel)
-    heads, layers = KV_HEADS * GROUP, 2
-    g = torch.Generator().manual_seed(7)
-    tiled, plain = (StaticCache(layers, KV_HEADS, D, torch.float16, torch.device("cpu"), capacity=40, batch=2,
-                                tiles=tiles) for tiles in (2, 0))
-    start = torch.randn(layers, 2, KV_HEADS, 37, D, generator=g).half()
-    for c in (tiled, plain):
-        c.keys[:, :, :, :37], c.values[:, :, :, :37], c.length = start, start.flip(-1), 37
-    sizes = [1, 4, 2, 12, 3, 1, 7, 5, 9, 3, 6, 4]
-    for step, n in enumerate(sizes * 2):
-        if step == len(sizes):
-            for c in (tiled, plain):
-                c.keep_rows(torch.tensor([1]))
-        batch, past = tiled.keys.shape[1], tiled.length
-        parents = [-1] + [int(torch.randint(i, (1,), generator=g)) for i in range(1, n)]
-        visible = tree_visibility(parents, past, batch=batch)
-        qkv = torch.randn(batch, n, (heads + 2 * KV_HEADS) * D, generator=g)
-        angles = torch.rand(batch, n, D // 2, generator=g) * 6.0
-        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-        for c in (tiled, plain):
-            c.reserve(past + n)
-        outs = [[kernel.attend(qkv, cos, sin, c.keys[i], c.values[i], visible, heads, past, D ** -0.5, c.tiles,
-                               c.tiled, i, amx=True) for i in range(layers)] for c in (tiled, plain)]
-        assert all(torch.equal(a, b) for a, b in zip(*outs)), (step, n)
-        assert tiled.tiled.tolist() == [past // TILE * TILE] * layers  # every call brings its tiles up
-        path = torch.tensor([0] + [i for i in range(1, n) if parents[i] == i - 1][:2])
-        for c in (tiled, plain):
-            c.length = past + n
-            c.keep(past, path if step % 3 else torch.arange(len(path)))
-            if step % 5 == 4:
-                c.truncate(c.length - 20)
-            if step % 7 == 6:
-                c.crop(3)
-        assert int(tiled.tiled.max()) <= tiled.length // TILE * TILE
 
 
 def test_without_amx_tiles_the_amx_flag_changes_nothing(kernel):
