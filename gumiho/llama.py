@@ -41,18 +41,18 @@ ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consisten
 
 @dataclass(frozen=True)
 class CausalAttention:
-    """How a prompt's causal attention is computed: in `dtype` (its inputs cast to it), by the block kernel
-    (kernels/prompt_attention.cpp) where `kernel` and the kernel builds for that dtype, else by SDPA.
-    Both are candidates for bf16: the kernel's products are AVX512-BF16 dot products, SDPA's go through oneDNN,
-    which takes AMX where the processor has it (2-core Intel Xeon with AMX, 30 layers at 763 tokens: kernel fp32
-    114 ms, kernel bf16 157, SDPA bf16 83)."""
+    """How a prompt's causal attention is computed: in `dtype` (its inputs cast to it), and `way`: "kernel", the block
+    kernel (kernels/prompt_attention.cpp); "amx", its bf16 products on AMX tiles; "sdpa", torch's SDPA. A way this
+    machine lacks falls to the next one (`DecoderStack._runs_as`). The kernel's bf16 products are AVX512-BF16 dot
+    products; SDPA's go through oneDNN, which takes AMX where the processor has it. 2-core Intel Xeon with AMX, 30
+    layers at 763 tokens: kernel fp32 114 ms, kernel bf16 157, SDPA bf16 83, kernel bf16 on the tiles 47."""
 
     dtype: torch.dtype
-    kernel: bool = True
+    way: str = "kernel"
 
     @property
     def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.") + ("" if self.kernel else "-sdpa")
+        return str(self.dtype).removeprefix("torch.") + ("" if self.way == "kernel" else f"-{self.way}")
 
     @staticmethod
     def named(name: object) -> CausalAttention | None:
@@ -65,7 +65,7 @@ class CausalAttention:
 
 # The causal attentions a long prompt may take (LeanLlama._fastest_causal_attention).
 PROMPT_ATTENTIONS = (CausalAttention(torch.float32), CausalAttention(torch.bfloat16),
-                     CausalAttention(torch.bfloat16, kernel=False))
+                     CausalAttention(torch.bfloat16, "sdpa"), CausalAttention(torch.bfloat16, "amx"))
 
 
 TILE = 16  # keys per kept tile (kernels/attention.cpp, KeptTiles)
@@ -315,23 +315,29 @@ class DecoderStack:
         out = F.scaled_dot_product_attention(q, keys.to(self.dtype), values.to(self.dtype), attn_mask=attn_mask)
         return out.view(b, kvh, g, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, h * d)
 
-    def _runs_as(self, attention: CausalAttention) -> tuple[torch.dtype, bool]:
-        """What computes `attention` here: its dtype, and whether the block kernel (where it is not built, or has no
-        bf16 products, SDPA)."""
-        kernel, dtype = self.prompt_kernel, attention.dtype
-        built = kernel is not None and (dtype == torch.float32 or dtype == torch.bfloat16 and kernel.bf16_available())
-        return dtype, attention.kernel and built
+    def _runs_as(self, attention: CausalAttention) -> tuple[torch.dtype, str]:
+        """What computes `attention` here: its dtype, and its way where this machine has it, else the next one's
+        ("amx" needs the kernel built with AMX tiles that the OS grants, bf16 and heads of 64 dimensions; "kernel",
+        the kernel built, with bf16 products for bf16; "sdpa" runs everywhere)."""
+        kernel, dtype, way = self.prompt_kernel, attention.dtype, attention.way
+        if way == "amx" and not (kernel is not None and dtype == torch.bfloat16 and self.head_dim == 64
+                                 and kernel.amx_available()):
+            way = "kernel"
+        if way == "kernel" and not (kernel is not None and (dtype == torch.float32
+                                                            or dtype == torch.bfloat16 and kernel.bf16_available())):
+            way = "sdpa"
+        return dtype, way
 
     def _causal(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attention: CausalAttention,
                 out_dtype: torch.dtype) -> torch.Tensor:
         """Causal attention [b, n, h * d] in `out_dtype` of a prompt's queries q [b, h, n, d] (heads ordered KV head,
-        group member) over its keys and values [b, kv, n, d], computed as `attention` says: by the block kernel in
-        fp32, and in bf16 where it has bf16 products, where it is built and asked for; else by SDPA."""
+        group member) over its keys and values [b, kv, n, d], computed as `attention` says (`_runs_as`): by the block
+        kernel in fp32 or bf16, on AMX tiles or not, or by SDPA."""
         b, h, n, d = q.shape
-        dtype, by_kernel = self._runs_as(attention)
-        if by_kernel:
+        dtype, way = self._runs_as(attention)
+        if way != "sdpa":
             return self.prompt_kernel.causal(q.float(), keys.float(), values.float(), 0, d ** -0.5,
-                                             dtype == torch.bfloat16).to(out_dtype)
+                                             dtype == torch.bfloat16, way == "amx").to(out_dtype)
         out = F.scaled_dot_product_attention(q.to(dtype), keys.to(dtype), values.to(dtype), is_causal=True,
                                              enable_gqa=True).to(out_dtype)
         return out.transpose(1, 2).reshape(b, n, h * d)

@@ -98,7 +98,7 @@ def test_without_the_kernels_the_head_is_fp16_and_speculation_still_equals_ar(mo
 
 
 FP32_ATTENTION = CausalAttention(torch.float32)
-BF16_ATTENTIONS = [CausalAttention(torch.bfloat16), CausalAttention(torch.bfloat16, kernel=False)]
+BF16_ATTENTIONS = [CausalAttention(torch.bfloat16, way) for way in ("kernel", "sdpa", "amx")]
 
 
 @pytest.mark.parametrize("dtype, attention, within", [(torch.float32, FP32_ATTENTION, 1e-4),
@@ -258,7 +258,7 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
         measured.append(first)
         return torch.bfloat16, 90, sdpa
 
-    sdpa = CausalAttention(torch.bfloat16, kernel=False)
+    sdpa = CausalAttention(torch.bfloat16, "sdpa")
     monkeypatch.setattr(LeanLlama, "_fastest_prefill", fastest)
     lean = tiny_int4_engine(0).target.lean
     assert (lean.prefill_dtype, lean.prefill_from, len(measured)) == (torch.bfloat16, 90, 1)
@@ -518,7 +518,9 @@ def test_the_prefill_measurement_names_a_causal_attention(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel, costs, fastest", [
-    ("bf16", {"float32": 3, "bfloat16": 2, "bfloat16-sdpa": 1}, "bfloat16-sdpa"),  # an Intel Xeon with AMX
+    ("amx", {"float32": 4, "bfloat16": 3, "bfloat16-sdpa": 2, "bfloat16-amx": 1}, "bfloat16-amx"),  # a Xeon with AMX
+    ("amx", {"float32": 4, "bfloat16": 3, "bfloat16-sdpa": 1, "bfloat16-amx": 2}, "bfloat16-sdpa"),
+    ("bf16", {"float32": 3, "bfloat16": 2, "bfloat16-sdpa": 1}, "bfloat16-sdpa"),  # the tiles: the kernel's bf16
     ("bf16", {"float32": 3, "bfloat16": 1, "bfloat16-sdpa": 2}, "bfloat16"),
     ("bf16", {"float32": 1, "bfloat16": 2, "bfloat16-sdpa": 3}, "float32"),
     ("fp32", {"float32": 2, "bfloat16-sdpa": 1}, "bfloat16"),  # the kernel has no bf16 products: SDPA's, first named
@@ -528,22 +530,31 @@ def test_the_prefill_measurement_names_a_causal_attention(monkeypatch):
 def test_the_prompts_attention_is_the_fastest_way_this_machine_has_of_computing_it(monkeypatch, kernel, costs,
                                                                                     fastest):
     """Each way of computing a prompt's causal attention that this machine has is timed, once per repeat, and the
-    fastest is taken; two names for the same computation (the kernel's bf16 where the kernel is not built, or has no
-    bf16 products, is SDPA's) are timed once, as the first of them. A fake clock that each call moves on by the cost
-    of what computes it stands in for the machine."""
-    lean = tiny_int4_engine(0).target.lean
-    lean.prompt_kernel = None if kernel is None else types.SimpleNamespace(bf16_available=lambda: kernel == "bf16")
+    fastest is taken; two names for the same computation (the tiles where the kernel has none, the kernel's bf16
+    where the kernel is not built, or has no bf16 products, is SDPA's) are timed once, as the first of them. A fake
+    clock that each call moves on by the cost of what computes it stands in for the machine."""
+    lean = tiny_amx_target().lean
+    lean.prompt_kernel = None if kernel is None else types.SimpleNamespace(
+        bf16_available=lambda: kernel in ("bf16", "amx"), amx_available=lambda: kernel == "amx")
     clock, computed = [0.0], []
 
     def causal(self, q, keys, values, attention, out_dtype):
-        dtype, by_kernel = self._runs_as(attention)
-        computed.append(str(dtype).removeprefix("torch.") + ("" if by_kernel else "-sdpa"))
+        dtype, way = self._runs_as(attention)
+        computed.append(str(dtype).removeprefix("torch.") + ("" if way == "kernel" else f"-{way}"))
         clock[0] += costs[computed[-1]]
 
     monkeypatch.setattr(LeanLlama, "_causal", causal)
     monkeypatch.setattr("gumiho.llama.time.perf_counter", lambda: clock[0])
     assert lean._fastest_causal_attention().name == fastest
     assert {way: computed.count(way) for way in costs} == dict.fromkeys(costs, PREFILL_REPEATS + 1)  # each as often
+
+
+def test_the_tiles_are_not_a_prompts_way_for_heads_other_than_64_dimensions():
+    """The tiles' attention takes heads of 64 dimensions: a model with others falls to the kernel's bf16 products."""
+    lean = tiny_int4_engine(0).target.lean
+    assert lean.head_dim != 64
+    lean.prompt_kernel = types.SimpleNamespace(bf16_available=lambda: True, amx_available=lambda: True)
+    assert lean._runs_as(CausalAttention(torch.bfloat16, "amx")) == (torch.bfloat16, "kernel")
 
 
 def tiny_amx_target(seed: int = 0):

@@ -113,15 +113,26 @@ def rounded(x: torch.Tensor) -> torch.Tensor:
     return x.bfloat16().double()
 
 
-@pytest.mark.parametrize("n, past", [(1, 0), (2, 0), (31, 0), (33, 0), (64, 0), (65, 0), (200, 0), (517, 0),
-                                     (45, 1), (45, 40), (70, 301)])
-def test_its_bf16_products_give_the_attention_of_the_rounded_inputs(bf16_kernel, n, past):
-    """With bf16 products, the attention is that of the queries (scaled), keys and values rounded to bf16, to the
-    rounding of the softmax's weights (relative 2^-9 each), and at most SDPA's own bf16 error from the exact one, for
-    any length across the blocks' edges (odd key counts leave a half-filled last pair) and a cached prefix."""
+@pytest.fixture(scope="module")
+def amx_kernel(bf16_kernel):
+    if not bf16_kernel.amx_available():
+        pytest.skip("the tiles need AMX-BF16 (and an OS that grants them)")
+    return bf16_kernel
+
+
+@pytest.mark.parametrize("amx", [False, True], ids=["avx512-bf16", "amx-tiles"])
+@pytest.mark.parametrize("n, past", [(1, 0), (2, 0), (15, 0), (16, 0), (17, 0), (31, 0), (33, 0), (64, 0), (65, 0),
+                                     (200, 0), (517, 0), (45, 1), (45, 40), (70, 301)])
+def test_its_bf16_products_give_the_attention_of_the_rounded_inputs(bf16_kernel, n, past, amx):
+    """With bf16 products (AVX512-BF16's, or AMX tiles'), the attention is that of the queries (scaled), keys and
+    values rounded to bf16, to the rounding of the softmax's weights (relative 2^-9 each), and at most SDPA's own bf16
+    error from the exact one, for any length across the blocks' edges (odd key counts leave a half-filled last pair;
+    the tiles take 16 tokens and 32 keys at a time) and a cached prefix."""
+    if amx and not bf16_kernel.amx_available():
+        pytest.skip("the tiles need AMX-BF16 (and an OS that grants them)")
     q, keys, values = inputs(1, 9, 3, n, past, 64, seed=n + past)
     scale = 64 ** -0.5
-    out = bf16_kernel.causal(q, keys, values, past, scale, True)
+    out = bf16_kernel.causal(q, keys, values, past, scale, True, amx)
     visible = torch.ones(n, past + n, dtype=torch.bool).tril(past)
     of_rounded = F.scaled_dot_product_attention(rounded(q * scale), rounded(keys), rounded(values), attn_mask=visible,
                                                 enable_gqa=True, scale=1.0).float().transpose(1, 2).reshape(out.shape)
@@ -144,6 +155,33 @@ def test_the_bf16_products_never_change_with_the_thread_count_and_wide_heads_wor
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(alone, reference(q, keys, values, 7), rtol=0, atol=2e-2)
+
+
+def test_the_tiles_give_the_avx512_products_numbers_to_their_rounding_for_batches_and_any_thread_count(amx_kernel):
+    """The tiles and the AVX512-BF16 products round the same inputs: they differ only where a weight's rounding or a
+    sum's order does. Batch rows and heads of several groups land where the kernel's layout puts them, and the thread
+    count changes no number."""
+    q, keys, values = inputs(2, 8, 2, 150, 20, 64, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = amx_kernel.causal(q, keys, values, 20, 0.125, True, True)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(amx_kernel.causal(q, keys, values, 20, 0.125, True, True), alone)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(alone, amx_kernel.causal(q, keys, values, 20, 0.125, True), rtol=0, atol=4e-3)
+    torch.testing.assert_close(alone, reference(q, keys, values, 20), rtol=0, atol=2e-2)
+
+
+def test_the_tiles_refuse_what_they_do_not_compute(bf16_kernel):
+    """Heads of other than 64 dimensions, or fp32 products, on the tiles: a message, not another attention."""
+    q, keys, values = inputs(1, 4, 2, 20, 0, 128)
+    with pytest.raises(RuntimeError, match="64-dimension"):
+        bf16_kernel.causal(q, keys, values, 0, 0.125, True, True)
+    q, keys, values = inputs(1, 4, 2, 20, 0, 64)
+    with pytest.raises(RuntimeError, match="bf16 products"):
+        bf16_kernel.causal(q, keys, values, 0, 0.125, False, True)
 
 
 def test_bf16_products_are_refused_where_the_build_has_none(kernel, monkeypatch):

@@ -73,10 +73,11 @@ def _flags(name: str, capability: str) -> list[str]:
         vector += ["-mavx512vnni", "-mavx512vl"]
         if name in WIDE and {"avx512f", "avx512bw"} <= flags:
             vector += ["-mavx512f", "-mavx512bw"]
-            if name == "prompt_attention" and "avx512_bf16" in flags:
-                vector.append("-mavx512bf16")  # its bf16 products (vdpbf16ps)
-            if name == "attention" and {"avx512_bf16", "amx_tile", "amx_bf16"} <= flags:
-                vector += ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]  # decode and tree rows on AMX tiles
+            amx = {"avx512_bf16", "amx_tile", "amx_bf16"} <= flags
+            if name == "prompt_attention" and "avx512_bf16" in flags or name == "attention" and amx:
+                vector.append("-mavx512bf16")  # bf16 products (vdpbf16ps) and conversions
+            if name in ("attention", "prompt_attention") and amx:
+                vector += ["-mamx-tile", "-mamx-bf16"]  # decode and tree rows, and a prompt's products, on AMX tiles
     return ["-O3", *vector] + _openmp(name)
 
 

@@ -19,12 +19,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "simd.h"
-
-#ifdef __linux__
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
@@ -444,8 +440,7 @@ struct KeptTiles {
     int64_t width = 0;  // numbers a block of 16 keys holds: d * 16, or twice that for the AMX path's (amx_attention)
 };
 
-#if defined(GUMIHO_WIDE) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
-    defined(__linux__)
+#if defined(GUMIHO_WIDE) && defined(GUMIHO_AMX_TILES)
 #define GUMIHO_AMX 1
 namespace {
 // Decode steps and trees in bf16 products on AMX tiles (`amx_attention`): the queries, the cache's fp16 keys and
@@ -468,28 +463,6 @@ namespace {
 // the fp32 path.
 constexpr int64_t AMX_ROWS = 16;  // query rows a tile holds
 constexpr int64_t AMX_KEYS = 32;  // keys a probability tile's row, and a value tile, covers
-
-struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t bytes_per_row[16] = {};
-    uint8_t rows[16] = {};
-};
-
-// Linux lets a process use the tiles' 8 KB of state once it asks (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
-bool amx_usable() {
-    static const bool usable = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    return usable;
-}
-
-// Tiles 0-7 as 16 rows of 64 bytes, for the calling thread (each thread has its own tile registers).
-inline void configure_tiles() {
-    TileConfig config;
-    for (int i = 0; i < 8; ++i) {
-        config.bytes_per_row[i] = 64;
-        config.rows[i] = 16;
-    }
-    _tile_loadconfig(&config);
-}
 
 // 32 floats (lo: the first 16) as 32 bf16, rounded to nearest, ties to even.
 inline __m512i bf16x32(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
@@ -598,7 +571,7 @@ torch::Tensor amx_attention(const torch::Tensor& q, const torch::Tensor& keys, c
         const Half** rows = AmxBuffers::sized(buf.rows, AMX_KEYS);
         alignas(64) float acc[AMX_ROWS * 64];
         __m512 sums[AMX_ROWS];
-        configure_tiles();
+        amx::configure();
         for (int64_t bh = begin; bh < end; ++bh) {
             const int64_t b = bh / H, h = bh % H;
             const Half* key = kp + b * ks0 + h * ks1;
@@ -897,7 +870,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor keys, torch::Tensor value
     TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "attention: key and value rows must be contiguous");
 #ifdef GUMIHO_AMX
     if (amx && cache == torch::kHalf && q.size(3) == 64 && q.size(2) % n == 0 && q.size(2) / n <= AMX_ROWS &&
-        amx_usable()) {
+        amx::usable()) {
         const int64_t B = q.size(0), total = past + n;
         TORCH_CHECK(keys.size(2) >= total && values.size(2) >= total, "attention: inconsistent shapes");
         const KeptTiles tiles = kept.width == 2 * 64 * 16 ? kept : KeptTiles{};
@@ -1077,7 +1050,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("layer") = 0, pybind11::arg("amx") = false);
     m.def("amx", [] {
 #ifdef GUMIHO_AMX
-        return amx_usable();
+        return amx::usable();
 #else
         return false;
 #endif
