@@ -335,9 +335,12 @@ class DecoderStack:
         kernel in fp32 or bf16, on AMX tiles or not, or by SDPA."""
         b, h, n, d = q.shape
         dtype, way = self._runs_as(attention)
-        if way != "sdpa":
-            return self.prompt_kernel.causal(q.float(), keys.float(), values.float(), 0, d ** -0.5,
-                                             dtype == torch.bfloat16, way == "amx").to(out_dtype)
+        if way != "sdpa":  # bf16 products read bf16 queries and fp16 or bf16 keys and values as they are
+            bf16 = dtype == torch.bfloat16
+            q = q if bf16 and q.dtype == torch.bfloat16 else q.float()
+            keys, values = (keys, values) if bf16 and keys.dtype in (torch.float16, torch.bfloat16) else (
+                keys.float(), values.float())
+            return self.prompt_kernel.causal(q, keys, values, 0, d ** -0.5, bf16, way == "amx").to(out_dtype)
         out = F.scaled_dot_product_attention(q.to(dtype), keys.to(dtype), values.to(dtype), is_causal=True,
                                              enable_gqa=True).to(out_dtype)
         return out.transpose(1, 2).reshape(b, n, h * d)

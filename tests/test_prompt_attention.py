@@ -174,6 +174,26 @@ def test_the_tiles_give_the_avx512_products_numbers_to_their_rounding_for_batche
     torch.testing.assert_close(alone, reference(q, keys, values, 20), rtol=0, atol=2e-2)
 
 
+@pytest.mark.parametrize("amx", [False, True], ids=["avx512-bf16", "amx-tiles"])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+def test_bf16_products_read_bf16_queries_and_half_precision_caches_as_their_fp32_copies(bf16_kernel, amx, kv_dtype):
+    """A bf16 prefill's queries and an fp16 (or bf16) cache's keys and values go in as they lie, views of the cache
+    included: every number is what their fp32 copies give, since widening them is exact. The fp32 products take fp32
+    only, and say so."""
+    if amx and not bf16_kernel.amx_available():
+        pytest.skip("the tiles need AMX-BF16 (and an OS that grants them)")
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 9, 70, 64, generator=g).bfloat16()
+    cache = (torch.randn(2, 1, 3, 110, 64, generator=g) * 2).to(kv_dtype)
+    keys, values = cache[0, :, :, :100], cache[1, :, :, :100]
+    out = bf16_kernel.causal(q, keys, values, 30, 0.125, True, amx)
+    assert torch.equal(out, bf16_kernel.causal(q.float(), keys.float(), values.float(), 30, 0.125, True, amx))
+    with pytest.raises(RuntimeError, match="fp32 queries"):
+        bf16_kernel.causal(q, keys, values, 30, 0.125, False)
+    with pytest.raises(RuntimeError, match="fp32 queries"):
+        bf16_kernel.causal(q.float(), keys, values.float(), 30, 0.125, True, amx)  # keys and values differ
+
+
 def test_the_tiles_refuse_what_they_do_not_compute(bf16_kernel):
     """Heads of other than 64 dimensions, or fp32 products, on the tiles: a message, not another attention."""
     q, keys, values = inputs(1, 4, 2, 20, 0, 128)

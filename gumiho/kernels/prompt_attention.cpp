@@ -107,6 +107,18 @@ struct Fp32 {
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define GUMIHO_PROMPT_BF16 1
+// 16 of a prompt's queries, keys or values as floats, exactly: fp32 as they are, fp16 and bf16 widened. The bf16
+// products read a bf16 query or an fp16 cache as it lies, where an fp32 copy of each cost a prefill's attention a
+// fifth of its time (2-core Intel Xeon with AMX, CNN/DM's 763-token prompts).
+inline __m512 floats16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 floats16(const at::Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 floats16(const at::BFloat16* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
 // The products in bf16 with fp32 sums (AVX512-BF16's vdpbf16ps: 32 products a vector where an fp32 FMA does 16):
 // queries, keys, values and the softmax's weights rounded to bf16 (vcvtne2ps2bf16: to nearest even), the running maximum, the sums
 // and the outputs kept in fp32. A pair of neighbours along the summed dimension shares each 32-bit lane, so key tiles
@@ -121,20 +133,22 @@ struct Bf16 {
 
     static float lane_sum(__m512 total) { return _mm512_reduce_add_ps(total); }  // in a tree
 
-    static void query_row(const float* from, float scale, int64_t d, uint16_t* to) {
+    template <typename S>
+    static void query_row(const S* from, float scale, int64_t d, uint16_t* to) {
         const __m512 f = _mm512_set1_ps(scale);
         for (int64_t i = 0; i < d; i += 32)
-            _mm512_storeu_si512(to + i, round32(_mm512_mul_ps(_mm512_loadu_ps(from + i), f),
-                                                _mm512_mul_ps(_mm512_loadu_ps(from + i + 16), f)));
+            _mm512_storeu_si512(to + i, round32(_mm512_mul_ps(floats16(from + i), f),
+                                                _mm512_mul_ps(floats16(from + i + 16), f)));
     }
 
     // A key's dimension pair is one 32-bit word: key k's row rounded, then its words KEYS apart.
-    static void key_tile(const float* keys, int64_t stride, int64_t count, int64_t d, uint16_t* tile) {
+    template <typename S>
+    static void key_tile(const S* keys, int64_t stride, int64_t count, int64_t d, uint16_t* tile) {
         alignas(64) uint32_t words[16];
         for (int64_t k = 0; k < KEYS; ++k)
             for (int64_t i = 0; i < d; i += 32) {
-                const __m512i row = k < count ? round32(_mm512_loadu_ps(keys + k * stride + i),
-                                                        _mm512_loadu_ps(keys + k * stride + i + 16))
+                const __m512i row = k < count ? round32(floats16(keys + k * stride + i),
+                                                        floats16(keys + k * stride + i + 16))
                                               : _mm512_setzero_si512();
                 _mm512_store_si512(words, row);
                 for (int w = 0; w < 16; ++w) std::memcpy(tile + ((i / 2 + w) * KEYS + k) * 2, words + w, 4);
@@ -143,14 +157,15 @@ struct Bf16 {
 
     // A tile of value pairs for keys [0, count) of KEYS (0 past them): rows `stride` apart, d values. Two keys' 16
     // columns rounded into one vector, then interleaved column by column.
-    static void value_tile(const float* values, int64_t stride, int64_t count, int64_t d, uint16_t* tile) {
+    template <typename S>
+    static void value_tile(const S* values, int64_t stride, int64_t count, int64_t d, uint16_t* tile) {
         const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                                     23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
         const __m512 zero = _mm512_setzero_ps();
         for (int64_t k = 0; k < KEYS; k += 2)
             for (int64_t c = 0; c < d; c += 16) {
-                const __m512 first = k < count ? _mm512_loadu_ps(values + k * stride + c) : zero;
-                const __m512 second = k + 1 < count ? _mm512_loadu_ps(values + (k + 1) * stride + c) : zero;
+                const __m512 first = k < count ? floats16(values + k * stride + c) : zero;
+                const __m512 second = k + 1 < count ? floats16(values + (k + 1) * stride + c) : zero;
                 _mm512_storeu_si512(tile + (k / 2 * d + c) * 2,
                                     _mm512_permutexvar_epi16(interleave, round32(first, second)));
             }
@@ -239,8 +254,8 @@ inline float largest(const float* x) {  // exact in any order
 // copies (fp32, 30 layers at 800 / 1,200 tokens on the 2-core Zen 5 EPYC: 91.2 -> 84.3 ms, 202.6 -> 184.8). A query
 // block's keys past its last token enter as themselves rather than as zeros: their scores are replaced by -inf all
 // the same, so every output is what it was.
-template <typename M>
-void tiles_of(const float* rows, int64_t stride, int64_t total, int64_t d, bool values, typename M::T* tiles) {
+template <typename M, typename S>
+void tiles_of(const S* rows, int64_t stride, int64_t total, int64_t d, bool values, typename M::T* tiles) {
     for (int64_t k0 = 0; k0 < total; k0 += KEYS) {
         const int64_t count = std::min<int64_t>(KEYS, total - k0);
         if (!values)
@@ -252,11 +267,12 @@ void tiles_of(const float* rows, int64_t stride, int64_t total, int64_t d, bool 
     }
 }
 
-// One work unit: query tokens [t0, t1) of KV head `kv` in batch row `b`, every query head of the group.
-template <typename M>
+// One work unit: query tokens [t0, t1) of KV head `kv` in batch row `b`, every query head of the group; queries of
+// type Q (fp32, or bf16 for Bf16's products).
+template <typename M, typename Q>
 struct Unit {
     using T = typename M::T;
-    const float* q;
+    const Q* q;
     const T* tiles;    // every block of KEYS keys laid out once, [B * KV][key_blocks * KEYS * d] (tiles_of)
     const T* values;   // the values' rows (Fp32: the cache's own, `vs` apart; Bf16: value tiles as the keys')
     float* out;
@@ -330,8 +346,8 @@ struct Unit {
 };
 
 // Every (batch row, KV head)'s keys [0, past + n) laid out as M's key tiles (tiles_of), and after all of them, where M
-// has value tiles, its values'; each KV head's take `tile` numbers.
-template <typename M>
+// has value tiles, its values'; each KV head's take `tile` numbers. Keys and values of type S.
+template <typename M, typename S>
 std::vector<typename M::T> key_and_value_tiles(const torch::Tensor& keys, const torch::Tensor& values, int64_t total,
                                                int64_t tile) {
     const int64_t B = keys.size(0), KV = keys.size(1), d = keys.size(3);
@@ -342,7 +358,7 @@ std::vector<typename M::T> key_and_value_tiles(const torch::Tensor& keys, const 
             const int64_t bkv = i % (B * KV);
             const bool of_values = i >= B * KV;
             const torch::Tensor& from = of_values ? values : keys;
-            tiles_of<M>(from.data_ptr<float>() + bkv / KV * from.stride(0) + bkv % KV * from.stride(1),
+            tiles_of<M>(from.data_ptr<S>() + bkv / KV * from.stride(0) + bkv % KV * from.stride(1),
                         from.stride(2), total, d, of_values, tiles.data() + i * tile);
         }
     });
@@ -362,18 +378,18 @@ void deal(int64_t units, const F& work) {
     });
 }
 
-// The attention of `causal` in M's products, into out.
-template <typename M>
+// The attention of `causal` in M's products, into out, from queries of type Q and keys and values of type S.
+template <typename M, typename Q = float, typename S = float>
 void attend(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values, int64_t past,
             double scale, torch::Tensor& out) {
     using T = typename M::T;
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), KV = keys.size(1);
     TORCH_CHECK(d % (4 * W) == 0, "causal: the head size must be a multiple of ", 4 * W);
     const int64_t total = past + n, key_blocks = (total + KEYS - 1) / KEYS, tile = key_blocks * KEYS * d;
-    const std::vector<T> tiles = key_and_value_tiles<M>(keys, values, total, tile);
+    const std::vector<T> tiles = key_and_value_tiles<M, S>(keys, values, total, tile);
     const T* value_rows = tiles.data() + B * KV * tile;
     if constexpr (std::is_same_v<M, Fp32>) value_rows = values.data_ptr<float>();
-    const Unit<M> unit{q.data_ptr<float>(), tiles.data(), value_rows, out.data_ptr<float>(), n, past, d, H / KV, H,
+    const Unit<M, Q> unit{q.data_ptr<Q>(), tiles.data(), value_rows, out.data_ptr<float>(), n, past, d, H / KV, H,
                        KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
                        {values.stride(0), values.stride(1), values.stride(2)}, static_cast<float>(scale)};
     const int64_t blocks = (n + TOKENS - 1) / TOKENS;
@@ -459,8 +475,9 @@ inline float numerators(const float* row, int64_t seen, int64_t width, uint16_t*
         _tile_dpbf16ps(C, 1, 7);                        \
     } while (0)
 
+template <typename Q>
 struct AmxUnit {
-    const float* q;
+    const Q* q;
     const uint16_t* keys;    // Bf16 key tiles, [B * KV][key_blocks * KEYS * d]
     const uint16_t* values;  // Bf16 value tiles, the same
     float* out;
@@ -550,12 +567,13 @@ struct AmxUnit {
     }
 };
 
+template <typename Q, typename S>
 void attend_amx(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values, int64_t past,
                 double scale, torch::Tensor& out) {
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), KV = keys.size(1);
     const int64_t total = past + n, key_blocks = (total + KEYS - 1) / KEYS, tile = key_blocks * KEYS * d;
-    const std::vector<uint16_t> tiles = key_and_value_tiles<Bf16>(keys, values, total, tile);
-    const AmxUnit unit{q.data_ptr<float>(), tiles.data(), tiles.data() + B * KV * tile, out.data_ptr<float>(), n,
+    const std::vector<uint16_t> tiles = key_and_value_tiles<Bf16, S>(keys, values, total, tile);
+    const AmxUnit<Q> unit{q.data_ptr<Q>(), tiles.data(), tiles.data() + B * KV * tile, out.data_ptr<float>(), n,
                        past, H / KV, H, KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
                        static_cast<float>(scale)};
     const int64_t blocks = (n + AMX_TOKENS - 1) / AMX_TOKENS;
@@ -565,6 +583,24 @@ void attend_amx(const torch::Tensor& q, const torch::Tensor& keys, const torch::
     });
 }
 #endif
+#endif
+
+#ifdef GUMIHO_PROMPT_BF16
+// fn(a Q, an S) for the queries' and the keys' element types (the keys' and values' are checked equal).
+template <typename F>
+void with_types(const torch::Tensor& q, const torch::Tensor& keys, const F& fn) {
+    const auto with_keys = [&](auto query) {
+        switch (keys.scalar_type()) {
+            case torch::kHalf: fn(query, at::Half{}); break;
+            case torch::kBFloat16: fn(query, at::BFloat16{}); break;
+            default: fn(query, float{}); break;
+        }
+    };
+    if (q.scalar_type() == torch::kBFloat16)
+        with_keys(at::BFloat16{});
+    else
+        with_keys(float{});
+}
 #endif
 
 }  // namespace
@@ -594,27 +630,33 @@ bool amx_available() {
 #endif
 }
 
-// q [B, H, n, d] fp32, heads ordered (KV head, member): head h reads KV head h / (H / KV); keys, values [B, KV,
-// >= past + n, d] fp32, rows contiguous (a view of a cache); query token t sees keys 0 .. past + t. Returns
+// q [B, H, n, d] fp32 (or bf16, for bf16 products), heads ordered (KV head, member): head h reads KV head h / (H / KV); keys, values [B, KV,
+// >= past + n, d] fp32 (or fp16 or bf16, for bf16 products), rows contiguous (a view of a cache); query token t sees keys 0 .. past + t. Returns
 // [B, n, H * d] fp32, head h's output at columns [h d, (h + 1) d): ready for the output projection. `bf16`: the
 // products in bf16 (Bf16), where the build has them (bf16_available); `amx`: those products on AMX tiles, for heads of
 // 64 dimensions, where the build and the OS have them (amx_available).
 torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t past, double scale,
                      bool bf16, bool amx) {
-    TORCH_CHECK(q.scalar_type() == torch::kFloat && keys.scalar_type() == torch::kFloat &&
-                values.scalar_type() == torch::kFloat, "causal: fp32 queries, keys and values");
+    const auto is = [](const torch::Tensor& x, auto... types) { return ((x.scalar_type() == types) || ...); };
+    TORCH_CHECK(is(q, torch::kFloat) && is(keys, torch::kFloat) && is(values, torch::kFloat) ||
+                    bf16 && is(q, torch::kFloat, torch::kBFloat16) && keys.scalar_type() == values.scalar_type() &&
+                        is(keys, torch::kFloat, torch::kHalf, torch::kBFloat16),
+                "causal: fp32 queries, keys and values (bf16 products also read bf16 queries, fp16 or bf16 keys and "
+                "values)");
     TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "causal: 4-d tensors");
     TORCH_CHECK(q.stride(3) == 1 && keys.stride(3) == 1 && values.stride(3) == 1, "causal: rows must be contiguous");
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), KV = keys.size(1);
     TORCH_CHECK(H % KV == 0 && keys.size(0) == B && values.size(0) == B && values.size(1) == KV &&
                 keys.size(2) >= past + n && values.size(2) >= past + n && keys.size(3) == d && values.size(3) == d,
                 "causal: inconsistent shapes");
-    auto out = torch::empty({B, n, H * d}, q.options());
+    auto out = torch::empty({B, n, H * d}, q.options().dtype(torch::kFloat));
     if (amx) {
         TORCH_CHECK(bf16 && d == 64, "causal: AMX tiles take bf16 products of 64-dimension heads");
 #ifdef GUMIHO_PROMPT_AMX
         TORCH_CHECK(amx::usable(), "causal: the OS does not grant the AMX tiles");
-        attend_amx(q, keys, values, past, scale, out);
+        with_types(q, keys, [&](auto query, auto key) {
+            attend_amx<decltype(query), decltype(key)>(q, keys, values, past, scale, out);
+        });
         return out;
 #else
         TORCH_CHECK(false, "causal: built without AMX tiles");
@@ -626,7 +668,9 @@ torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
         return out;
     }
 #ifdef GUMIHO_PROMPT_BF16
-    attend<Bf16>(q, keys, values, past, scale, out);
+    with_types(q, keys, [&](auto query, auto key) {
+        attend<Bf16, decltype(query), decltype(key)>(q, keys, values, past, scale, out);
+    });
     return out;
 #endif
     TORCH_CHECK(false, "causal: built without AVX512-BF16");
