@@ -409,8 +409,8 @@ void attend(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tens
 // query tokens of one query head: their scores against every key the last of them sees (S = Q K^T, a tile product
 // per 16 keys and half of the dimensions), each row's softmax taken whole (its maximum first, so no running rescale),
 // and P V summed over blocks of 32 keys into four tiles of 16 outputs. The numbers rounded to bf16 are Bf16's: the
-// scaled queries, the keys, the values and the numerators; every sum is in fp32, the numerators' of their rounded
-// values. The key and value tiles are Bf16's own layout (tiles_of), which the tiles load as it lies: B tiles of 16
+// scaled queries, the keys, the values and the numerators; every sum is in fp32, the numerators' before rounding, as
+// Bf16's. The key and value tiles are Bf16's own layout (tiles_of), which the tiles load as it lies: B tiles of 16
 // keys' dimension pairs, and of 32 keys' value pairs, each row of 64 bytes 256 apart.
 constexpr int64_t AMX_TOKENS = 16;  // a tile's rows
 constexpr int64_t AMX_D = 64;
