@@ -5,8 +5,9 @@
 - `q4_matmul()`: products of 8-bit activations with 4-bit blocks (q4_matmul.cpp), the int4/int8 path's linears.
 - `row_ops()`: a decoder layer's per-row operations (rows.cpp): RMS norm, residual sum and norm, SiLU-gated product.
 - `prompt_attention()`: a prompt's causal attention in fp32, blocks of queries against blocks of keys
-  (prompt_attention.cpp), where the processor has AVX2; with bf16 products too where it has AVX512-BF16.
-Each includes simd.h, whose bytes enter each build's hash.
+  (prompt_attention.cpp), where the processor has AVX2; with bf16 products too where it has AVX512-BF16, and those on
+  AMX tiles where it has AMX-BF16.
+Each includes simd.h (the attentions amx.h too); every header's bytes enter each build's hash.
 
 Each returns the compiled module, or None where it cannot be built (no C++ compiler, or GUMIHO_KERNELS=0): callers
 then use torch's own operations (SDPA, an fp16 product), as fast or slower, which round a tree's rows differently
@@ -64,7 +65,8 @@ def _flags(name: str, capability: str) -> list[str]:
     (attention.cpp's SPLIT_WORK: long caches, where one core cannot draw the keys from memory fast enough).
     The WIDE kernels take 512-bit vectors where AVX-512 runs VNNI: the same exact integer sums and the same float
     operations per output, so their results are those of the 256-bit build, bit for bit. The prompt attention adds
-    its bf16 products where the processor has AVX512-BF16 (`causal(..., bf16=True)`; its fp32 ones unchanged)."""
+    its bf16 products where the processor has AVX512-BF16 (`causal(..., bf16=True)`; its fp32 ones unchanged), and
+    both attentions their products on AMX tiles where it has AMX-BF16 (amx.h; used where Linux grants the tiles)."""
     vector = ["-mavx2", "-mfma", "-mf16c"] if capability in ("AVX2", "AVX512") else []
     flags = _cpu_flags()
     # torch's capability, not the processor's flags alone: ATEN_CPU_CAPABILITY=avx2 then builds what an AVX2-only
