@@ -590,6 +590,40 @@ def test_on_amx_tiles_greedy_speculation_still_equals_int4_ar(monkeypatch, tmp_p
     assert accepted > 20  # multi-token cycles were compared
 
 
+def test_a_prompt_on_amx_tiles_still_leaves_greedy_speculation_equal_to_ar(monkeypatch, tmp_path):
+    """A long prompt through bf16 weights with its attention on AMX tiles (the way "bfloat16-amx", where this machine
+    has them), the drafters' passes over it too: its numbers are the tiles' own (not SDPA's), within bf16 rounding of
+    them, and since AR and speculation share the prefill, greedy speculation still equals this path's AR."""
+    from gumiho.kernels import prompt_attention
+
+    if prompt_attention() is None or not prompt_attention().amx_available():
+        pytest.skip("no AMX tiles for a prompt here (the processor, the build or the OS)")
+    use_cache(monkeypatch, tmp_path)
+    tiles, sdpa = CausalAttention(torch.bfloat16, "amx"), CausalAttention(torch.bfloat16, "sdpa")
+    monkeypatch.setattr(LeanLlama, "_prefill_choice",
+                        lambda self, first, file: (torch.bfloat16, PREFILL_ROWS[0], tiles))
+    target = tiny_amx_target(4)
+    lean = target.lean
+    assert lean._runs_as(tiles) == (torch.bfloat16, "amx") and lean.prompt_layers(PREFILL_ROWS[0])[1] == tiles
+    ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 40,), generator=torch.Generator().manual_seed(4))
+    on_tiles = target.features(ids, target.new_cache(), prefill=True)
+    lean.prefill_attention = sdpa
+    by_sdpa = target.features(ids, target.new_cache(), prefill=True)
+    lean.prefill_attention = tiles
+    assert not torch.equal(on_tiles, by_sdpa)
+    assert (on_tiles - by_sdpa).abs().max() < 3e-2
+    engine = Engine(target)
+    shapes = {"eagle2": TreeSettings(top_k=4, depth=5, total_tokens=24),
+              "gumiho": TreeSettings(top_k=4, depth=6, total_tokens=24, mlptopk=6, pruning=6)}
+    for kind in shapes:
+        engine.add_drafter(kind, random_drafter(kind, target, 4))
+        assert engine.drafters[kind].lean.prompt_layers(PREFILL_ROWS[0])[1] == tiles, kind
+    ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=40), prompt_ids=ids.tolist())
+    for method, tree in shapes.items():
+        run = engine.generate("", method, GenerationConfig(max_new_tokens=40, tree=tree), prompt_ids=ids.tolist())
+        assert run.token_ids == ar.token_ids, method
+
+
 def test_the_rows_attention_choice_is_measured_once_per_machine_and_model_then_read(monkeypatch, tmp_path):
     """Whether decode steps and trees take the AMX tiles sets the numbers of every greedy text, so every process on
     a machine makes the same choice: the first load measures and writes it, later ones read it, and a name this
