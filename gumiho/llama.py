@@ -341,7 +341,9 @@ class DecoderStack:
             q = q if bf16 and q.dtype == torch.bfloat16 else q.float()
             keys, values = (keys, values) if bf16 and keys.dtype in (torch.float16, torch.bfloat16) else (
                 keys.float(), values.float())
-            return self.prompt_kernel.causal(q, keys, values, 0, d ** -0.5, bf16, way == "amx").to(out_dtype)
+            bf16_out = bf16 and out_dtype == torch.bfloat16  # rounded as `.to` rounds, without its pass
+            return self.prompt_kernel.causal(q, keys, values, 0, d ** -0.5, bf16, way == "amx",
+                                             bf16_out).to(out_dtype)
         out = F.scaled_dot_product_attention(q.to(dtype), keys.to(dtype), values.to(dtype), is_causal=True,
                                              enable_gqa=True).to(out_dtype)
         return out.transpose(1, 2).reshape(b, n, h * d)

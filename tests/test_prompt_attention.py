@@ -194,6 +194,20 @@ def test_bf16_products_read_bf16_queries_and_half_precision_caches_as_their_fp32
         bf16_kernel.causal(q.float(), keys, values.float(), 30, 0.125, True, amx)  # keys and values differ
 
 
+@pytest.mark.parametrize("amx", [False, True], ids=["avx512-bf16", "amx-tiles"])
+def test_a_bf16_output_is_the_fp32_one_rounded_as_torch_rounds(bf16_kernel, amx):
+    """For a bf16 prefill's output projection the kernel rounds its rows itself: bit for bit what `.to(bfloat16)` of
+    its fp32 output gives. Only with bf16 products."""
+    if amx and not bf16_kernel.amx_available():
+        pytest.skip("the tiles need AMX-BF16 (and an OS that grants them)")
+    q, keys, values = inputs(2, 9, 3, 77, 5, 64, seed=13)
+    out = bf16_kernel.causal(q, keys, values, 5, 0.125, True, amx, True)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, bf16_kernel.causal(q, keys, values, 5, 0.125, True, amx).to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bf16 output"):
+        bf16_kernel.causal(q, keys, values, 5, 0.125, False, False, True)
+
+
 def test_the_tiles_refuse_what_they_do_not_compute(bf16_kernel):
     """Heads of other than 64 dimensions, or fp32 products, on the tiles: a message, not another attention."""
     q, keys, values = inputs(1, 4, 2, 20, 0, 128)

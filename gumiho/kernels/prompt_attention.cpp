@@ -267,15 +267,29 @@ void tiles_of(const S* rows, int64_t stride, int64_t total, int64_t d, bool valu
     }
 }
 
+// A row's outputs o * inverse into `to`: fp32, or rounded to bf16 as torch rounds (simd.h's to_bf16_row) for a bf16
+// prefill's output projection, which would otherwise take a rounded copy.
+inline void write_row(const float* o, float inverse, int64_t d, float* to) {
+    for (int64_t i = 0; i < d; ++i) to[i] = o[i] * inverse;
+}
+inline void write_row(const float* o, float inverse, int64_t d, at::BFloat16* to) {
+    alignas(64) float chunk[64];
+    for (int64_t c = 0; c < d; c += 64) {
+        const int64_t count = std::min<int64_t>(64, d - c);
+        write_row(o + c, inverse, count, chunk);
+        to_bf16_row(chunk, count, reinterpret_cast<uint16_t*>(to + c));
+    }
+}
+
 // One work unit: query tokens [t0, t1) of KV head `kv` in batch row `b`, every query head of the group; queries of
-// type Q (fp32, or bf16 for Bf16's products).
-template <typename M, typename Q>
+// type Q (fp32, or bf16 for Bf16's products), outputs of type O (fp32, or bf16 for Bf16's).
+template <typename M, typename Q, typename O>
 struct Unit {
     using T = typename M::T;
     const Q* q;
     const T* tiles;    // every block of KEYS keys laid out once, [B * KV][key_blocks * KEYS * d] (tiles_of)
     const T* values;   // the values' rows (Fp32: the cache's own, `vs` apart; Bf16: value tiles as the keys')
-    float* out;
+    O* out;
     int64_t n, past, d, groups, heads, kv_heads, key_blocks, qs[3], vs[3];
     float scale;
 
@@ -338,9 +352,7 @@ struct Unit {
         }
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t head = kv * groups + r / span, t = t0 + r % span;
-            float* to = out + (b * n + t) * heads * d + head * d;
-            const float inverse = 1.f / sum[r];
-            for (int64_t i = 0; i < d; ++i) to[i] = o[r * d + i] * inverse;
+            write_row(o + r * d, 1.f / sum[r], d, out + (b * n + t) * heads * d + head * d);
         }
     }
 };
@@ -378,8 +390,9 @@ void deal(int64_t units, const F& work) {
     });
 }
 
-// The attention of `causal` in M's products, into out, from queries of type Q and keys and values of type S.
-template <typename M, typename Q = float, typename S = float>
+// The attention of `causal` in M's products, into out (of type O), from queries of type Q and keys and values of
+// type S.
+template <typename M, typename Q = float, typename S = float, typename O = float>
 void attend(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values, int64_t past,
             double scale, torch::Tensor& out) {
     using T = typename M::T;
@@ -389,7 +402,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tens
     const std::vector<T> tiles = key_and_value_tiles<M, S>(keys, values, total, tile);
     const T* value_rows = tiles.data() + B * KV * tile;
     if constexpr (std::is_same_v<M, Fp32>) value_rows = values.data_ptr<float>();
-    const Unit<M, Q> unit{q.data_ptr<Q>(), tiles.data(), value_rows, out.data_ptr<float>(), n, past, d, H / KV, H,
+    const Unit<M, Q, O> unit{q.data_ptr<Q>(), tiles.data(), value_rows, out.data_ptr<O>(), n, past, d, H / KV, H,
                        KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
                        {values.stride(0), values.stride(1), values.stride(2)}, static_cast<float>(scale)};
     const int64_t blocks = (n + TOKENS - 1) / TOKENS;
@@ -475,12 +488,12 @@ inline float numerators(const float* row, int64_t seen, int64_t width, uint16_t*
         _tile_dpbf16ps(C, 1, 7);                        \
     } while (0)
 
-template <typename Q>
+template <typename Q, typename O>
 struct AmxUnit {
     const Q* q;
     const uint16_t* keys;    // Bf16 key tiles, [B * KV][key_blocks * KEYS * d]
     const uint16_t* values;  // Bf16 value tiles, the same
-    float* out;
+    O* out;
     int64_t n, past, groups, heads, kv_heads, key_blocks, qs[3];
     float scale;
 
@@ -558,22 +571,18 @@ struct AmxUnit {
         _tile_stored(5, acc + 16, d * 4);
         _tile_stored(6, acc + 32, d * 4);
         _tile_stored(7, acc + 48, d * 4);
-        for (int64_t r = 0; r < span; ++r) {
-            float* to = out + (b * n + t0 + r) * heads * d + h * d;
-            const __m512 inverse = _mm512_set1_ps(1.f / sums[r]);
-            for (int64_t i = 0; i < d; i += 16)
-                _mm512_storeu_ps(to + i, _mm512_mul_ps(_mm512_load_ps(acc + r * d + i), inverse));
-        }
+        for (int64_t r = 0; r < span; ++r)
+            write_row(acc + r * d, 1.f / sums[r], d, out + (b * n + t0 + r) * heads * d + h * d);
     }
 };
 
-template <typename Q, typename S>
+template <typename Q, typename S, typename O>
 void attend_amx(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values, int64_t past,
                 double scale, torch::Tensor& out) {
     const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), KV = keys.size(1);
     const int64_t total = past + n, key_blocks = (total + KEYS - 1) / KEYS, tile = key_blocks * KEYS * d;
     const std::vector<uint16_t> tiles = key_and_value_tiles<Bf16, S>(keys, values, total, tile);
-    const AmxUnit<Q> unit{q.data_ptr<Q>(), tiles.data(), tiles.data() + B * KV * tile, out.data_ptr<float>(), n,
+    const AmxUnit<Q, O> unit{q.data_ptr<Q>(), tiles.data(), tiles.data() + B * KV * tile, out.data_ptr<O>(), n,
                        past, H / KV, H, KV, key_blocks, {q.stride(0), q.stride(1), q.stride(2)},
                        static_cast<float>(scale)};
     const int64_t blocks = (n + AMX_TOKENS - 1) / AMX_TOKENS;
@@ -586,14 +595,21 @@ void attend_amx(const torch::Tensor& q, const torch::Tensor& keys, const torch::
 #endif
 
 #ifdef GUMIHO_PROMPT_BF16
-// fn(a Q, an S) for the queries' and the keys' element types (the keys' and values' are checked equal).
+// fn(a Q, an S, an O) for the queries', the keys' and the output's element types (the keys' and values' are checked
+// equal).
 template <typename F>
-void with_types(const torch::Tensor& q, const torch::Tensor& keys, const F& fn) {
+void with_types(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& out, const F& fn) {
+    const auto with_out = [&](auto query, auto key) {
+        if (out.scalar_type() == torch::kBFloat16)
+            fn(query, key, at::BFloat16{});
+        else
+            fn(query, key, float{});
+    };
     const auto with_keys = [&](auto query) {
         switch (keys.scalar_type()) {
-            case torch::kHalf: fn(query, at::Half{}); break;
-            case torch::kBFloat16: fn(query, at::BFloat16{}); break;
-            default: fn(query, float{}); break;
+            case torch::kHalf: with_out(query, at::Half{}); break;
+            case torch::kBFloat16: with_out(query, at::BFloat16{}); break;
+            default: with_out(query, float{}); break;
         }
     };
     if (q.scalar_type() == torch::kBFloat16)
@@ -634,9 +650,10 @@ bool amx_available() {
 // >= past + n, d] fp32 (or fp16 or bf16, for bf16 products), rows contiguous (a view of a cache); query token t sees keys 0 .. past + t. Returns
 // [B, n, H * d] fp32, head h's output at columns [h d, (h + 1) d): ready for the output projection. `bf16`: the
 // products in bf16 (Bf16), where the build has them (bf16_available); `amx`: those products on AMX tiles, for heads of
-// 64 dimensions, where the build and the OS have them (amx_available).
+// 64 dimensions, where the build and the OS have them (amx_available). `bf16_out`: the output rounded to bf16 as
+// torch rounds, for bf16 products only.
 torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t past, double scale,
-                     bool bf16, bool amx) {
+                     bool bf16, bool amx, bool bf16_out) {
     const auto is = [](const torch::Tensor& x, auto... types) { return ((x.scalar_type() == types) || ...); };
     TORCH_CHECK(is(q, torch::kFloat) && is(keys, torch::kFloat) && is(values, torch::kFloat) ||
                     bf16 && is(q, torch::kFloat, torch::kBFloat16) && keys.scalar_type() == values.scalar_type() &&
@@ -649,13 +666,14 @@ torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
     TORCH_CHECK(H % KV == 0 && keys.size(0) == B && values.size(0) == B && values.size(1) == KV &&
                 keys.size(2) >= past + n && values.size(2) >= past + n && keys.size(3) == d && values.size(3) == d,
                 "causal: inconsistent shapes");
-    auto out = torch::empty({B, n, H * d}, q.options().dtype(torch::kFloat));
+    TORCH_CHECK(bf16 || !bf16_out, "causal: a bf16 output comes with bf16 products");
+    auto out = torch::empty({B, n, H * d}, q.options().dtype(bf16_out ? torch::kBFloat16 : torch::kFloat));
     if (amx) {
         TORCH_CHECK(bf16 && d == 64, "causal: AMX tiles take bf16 products of 64-dimension heads");
 #ifdef GUMIHO_PROMPT_AMX
         TORCH_CHECK(amx::usable(), "causal: the OS does not grant the AMX tiles");
-        with_types(q, keys, [&](auto query, auto key) {
-            attend_amx<decltype(query), decltype(key)>(q, keys, values, past, scale, out);
+        with_types(q, keys, out, [&](auto query, auto key, auto to) {
+            attend_amx<decltype(query), decltype(key), decltype(to)>(q, keys, values, past, scale, out);
         });
         return out;
 #else
@@ -668,8 +686,8 @@ torch::Tensor causal(torch::Tensor q, torch::Tensor keys, torch::Tensor values, 
         return out;
     }
 #ifdef GUMIHO_PROMPT_BF16
-    with_types(q, keys, [&](auto query, auto key) {
-        attend<Bf16, decltype(query), decltype(key)>(q, keys, values, past, scale, out);
+    with_types(q, keys, out, [&](auto query, auto key, auto to) {
+        attend<Bf16, decltype(query), decltype(key), decltype(to)>(q, keys, values, past, scale, out);
     });
     return out;
 #endif
@@ -687,5 +705,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("causal", &causal, "Causal attention over a prompt, blocks of queries against blocks of keys (CPU)",
           pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("past"),
           pybind11::arg("scale"), pybind11::arg("bf16") = false,
-          pybind11::arg("amx") = false);
+          pybind11::arg("amx") = false, pybind11::arg("bf16_out") = false);
 }
