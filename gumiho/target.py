@@ -27,7 +27,7 @@ from .int4 import CastMatrix, Int4Matrix, Q8Matrix, int4_available, quantize_lin
 from .kernels import q8_matmul
 from .drafters.base import FeatureDrafter
 from .drafters.frequency import FREQUENT_DRAFT_VOCAB
-from .llama import SUPPORTED_MODEL_TYPES, LeanLlama, StaticCache
+from .llama import SUPPORTED_MODEL_TYPES, CausalAttention, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,20 @@ class Target:
         if self._lean is None or self._lean.row_attention is None:
             return "sdpa"
         return "row-consistent-amx" if self._lean.amx_rows else "row-consistent"
+
+    @property
+    def prompts(self) -> str:
+        """How a long prompt is computed on the int4 path, as the load chose it (`LeanLlama._prefill_choice`): from
+        how many tokens it takes float weights, and the way its causal attention runs here; '' off that path."""
+        lean = self._lean
+        if lean is None or not self.int4:
+            return ""
+        dtype, way = lean._runs_as(lean.prefill_attention or CausalAttention(lean.dtype))
+        attention = str(dtype).removeprefix("torch.") + ("" if way == "kernel" else f"-{way}")
+        if lean.prefill_layers is None:
+            return f"prompts through the 4-bit weights, their attention {attention}"
+        weights = str(lean.prefill_dtype).removeprefix("torch.")
+        return f"prompts from {lean.prefill_from} tokens through {weights} weights, their attention {attention}"
 
     @property
     def fetch(self) -> str:

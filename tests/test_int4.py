@@ -312,6 +312,11 @@ def test_how_the_products_ask_for_weights_is_measured_at_every_load(monkeypatch,
     machine = describe(target.device, target.dtype, target.pack, target.forward, target.int4, target.fetch)
     assert machine["fetch"] == "weights kept in the caches, asked for 8 KB ahead"
     assert machine["description"].endswith(", weights kept in the caches, asked for 8 KB ahead")
+    # and the attentions the load chose: decode steps' and trees', and a long prompt's path
+    machine = describe(target.device, target.dtype, target.pack, target.forward, target.int4, target.fetch,
+                       target.attention, target.prompts)
+    assert machine["attention"] == target.attention and machine["prompts"] == target.prompts
+    assert machine["description"].endswith(f"8 KB ahead, steps and trees {target.attention}, {target.prompts}")
     assert int4.fetch_text((0, False)) == "weights not asked for ahead"
 
 
@@ -625,6 +630,24 @@ def test_a_prompt_on_amx_tiles_still_leaves_greedy_speculation_equal_to_ar(monke
     for method, tree in shapes.items():
         run = engine.generate("", method, GenerationConfig(max_new_tokens=40, tree=tree), prompt_ids=ids.tolist())
         assert run.token_ids == ar.token_ids, method
+
+
+@pytest.mark.parametrize("choice, named", [
+    ((torch.bfloat16, 90, CausalAttention(torch.bfloat16, "sdpa")),
+     "prompts from 90 tokens through bfloat16 weights, their attention bfloat16-sdpa"),
+    ((None, 0, CausalAttention(torch.float32)), "prompts through the 4-bit weights, their attention float32{}"),
+])
+def test_a_target_names_how_it_computes_a_long_prompt(monkeypatch, tmp_path, choice, named):
+    """The bench's reports say which prompt path a run had (it sets the prompt's numbers and a long prompt's time):
+    the float weights' dtype and from how many tokens, and the way the attention runs on this machine (the block
+    kernel where it builds, else SDPA's). Off the int4 path there is no such choice."""
+    from gumiho.kernels import prompt_attention
+
+    use_cache(monkeypatch, tmp_path)
+    monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: choice)
+    target = tiny_amx_target()  # heads of 64 dimensions, which the block kernel takes
+    assert target.prompts == named.format("" if prompt_attention() is not None else "-sdpa")
+    assert target_for(target, ExecPath("float32", pack=False)).prompts == ""
 
 
 def test_the_rows_attention_choice_is_measured_once_per_machine_and_model_then_read(monkeypatch, tmp_path):

@@ -33,8 +33,9 @@ def _memory_gib() -> float | None:
 
 
 def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forward: str = "lean",
-             int4: bool = False, fetch: str = "") -> dict:
-    """The machine and the execution path a run used (`pack`, `forward`, `int4`, `fetch`: the target's)."""
+             int4: bool = False, fetch: str = "", attention: str = "", prompts: str = "") -> dict:
+    """The machine and the execution path a run used (`pack`, `forward`, `int4`, `fetch`, `attention` (decode steps'
+    and trees'), `prompts`: the target's; each choice that changes the run's numbers or its speed named)."""
     cores = os.cpu_count() or 0
     threads = torch.get_num_threads()
     packed = pack and not int4 and device.type == "cpu" and packs(dtype)
@@ -50,12 +51,14 @@ def describe(device: torch.device, dtype: torch.dtype, pack: bool = True, forwar
                        f"{precision}, {forward} forward")
         if packed:
             description += ", oneDNN-packed matmuls"
-        if fetch:
-            description += f", {fetch}"
+        for setting in (fetch, f"steps and trees {attention}" if attention else "", prompts):
+            if setting:
+                description += f", {setting}"
     return {"description": description, "device": device.type, "device_name": name, "cpu": cpu_name(),
             "cores": cores, "threads": threads, "memory_gib": _memory_gib(),
             "dtype": "int4" if int4 else str(dtype),
-            "packed_matmuls": packed, "forward": forward, "fetch": fetch, "cpu_features": features,
+            "packed_matmuls": packed, "forward": forward, "fetch": fetch, "attention": attention, "prompts": prompts,
+            "cpu_features": features,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "platform": platform.platform()}
 
