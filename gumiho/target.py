@@ -214,8 +214,7 @@ class Target:
         lean = self._lean
         if lean is None or not self.int4:
             return ""
-        dtype, way = lean._runs_as(lean.prefill_attention or CausalAttention(lean.dtype))
-        attention = str(dtype).removeprefix("torch.") + ("" if way == "kernel" else f"-{way}")
+        attention = CausalAttention(*lean._runs_as(lean.prefill_attention or CausalAttention(lean.dtype))).name
         if lean.prefill_layers is None:
             return f"prompts through the 4-bit weights, their attention {attention}"
         weights = str(lean.prefill_dtype).removeprefix("torch.")

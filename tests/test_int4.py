@@ -447,19 +447,16 @@ def test_the_default_models_head_is_made_into_its_own_q8_0_blocks(default_blocks
     assert torch.equal(Q8Matrix(embedding, q8_matmul()).dequantized(), embedding)
 
 
-def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks, monkeypatch, tmp_path):
+def test_greedy_speculation_equals_int4_ar_on_the_default_model(default_blocks):
     """Token for token: the 4-bit products compute each row alike whatever their number, and so does the
     row-consistent attention (kernels/), so a verified tree's rows are bit for bit the one-token steps' features.
-    Without that attention (SDPA), rounding could flip a near-tie (docs/design.md §15). The load's prefill choice is
-    measured into a folder of the test's own: measured under a test run's load and kept in the user's cache, it
-    would decide every later prompt of the app (SDPA's attention kept where the AMX tiles take half its time)."""
+    Without that attention (SDPA), rounding could flip a near-tie (docs/design.md §15)."""
     import shutil
 
     from gumiho.loader import build_engine
 
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler to build the row-consistent attention")
-    monkeypatch.setattr("gumiho.profile.prefill_path", lambda target: tmp_path / "prefill.json")
     engine = build_engine(threads=2, dtype="int4", trees="default")
     target = engine.target
     assert target.int4 and target.attention.startswith("row-consistent") and target.head_batches

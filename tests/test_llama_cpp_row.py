@@ -79,16 +79,11 @@ def test_the_bench_runs_the_row_beside_the_engine_and_compares_it_with_ar(stand_
     assert [call["tokens"] for call in references._llama.llm.calls] == prompts  # the engine's own prompt ids
 
 
-def test_llama_cpp_runs_the_embedded_gguf_from_our_prompt_ids(monkeypatch, tmp_path):
+def test_llama_cpp_runs_the_embedded_gguf_from_our_prompt_ids():
     problem = llama_cpp_problem()  # not installed (it is optional), or a build that dies here
     if problem:
         pytest.skip(problem)
     from gumiho.loader import build_engine
-
-    # the load's measurements into the test's own folder, not the user's cache (made under a test run's load, they
-    # would decide the app's later runs)
-    monkeypatch.setattr("gumiho.profile.prefill_path", lambda target: tmp_path / "prefill.json")
-    monkeypatch.setattr("gumiho.profile.profile_path", lambda target: tmp_path / "profile.json")
 
     engine = build_engine(threads=2)  # the int4 path on a CPU: llama.cpp's own arithmetic on the same Q4_1 blocks
     ids = engine.target.encode_prompt("Name three primary colours.")
