@@ -30,11 +30,13 @@ from .errors import GumihoError
 from .int4 import CastMatrix, Int4Matrix
 from .kernels import prompt_attention, row_attention, row_ops
 from .packed import PackedMatrix
+from .tiles import TileMatrix, tiles_available, tiles_fit
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PREFILL_ROWS = (64, 256)  # on the int4 path a prompt this long may take the float weights: the products are timed
 # at these row counts (LeanLlama._fastest_prefill), and a prompt takes them from the crossing point on
 PREFILL_DTYPES = (torch.float32, torch.bfloat16)  # the float weights' dtypes a long prompt's prefill may take
+BF16_TILES = "bfloat16-tiles"  # and bf16 weights packed for AMX tiles (tiles.py), where the machine has them
 PREFILL_REPEATS = 7  # timings of each candidate and row count behind the prefill choice
 ROW_ATTENTION_TOKENS = 64  # the most tokens (a tree) given to the row-consistent attention; a prefill takes SDPA
 
@@ -154,7 +156,7 @@ class StaticCache:
         self._forget_tiles(self.length)
 
 
-Matrix = PackedMatrix | Int4Matrix | CastMatrix  # a callable x -> x @ W.T (+ bias)
+Matrix = PackedMatrix | Int4Matrix | CastMatrix | TileMatrix  # a callable x -> x @ W.T (+ bias)
 
 
 def _stacked_bias(linears) -> torch.Tensor | None:
@@ -185,9 +187,10 @@ def float_matrix(dtype: torch.dtype) -> Callable[[torch.Tensor], Matrix]:
     return lambda weight: CastMatrix(weight, dtype)
 
 
-def prefill_choice(times: dict[torch.dtype | None, tuple[float, float]]) -> tuple[torch.dtype | None, int]:
-    """From the times of one layer's products at the two PREFILL_ROWS counts, per float dtype and for the 4-bit
-    weights (key None): the dtype fastest at the longer count and the prompt length from which it beats 4 bits, or
+def prefill_choice(times: dict[torch.dtype | str | None, tuple[float, float]]) -> tuple[torch.dtype | str | None,
+                                                                                      int]:
+    """From the times of one layer's products at the two PREFILL_ROWS counts, per float weights (a dtype, or
+    BF16_TILES) and for the 4-bit weights (key None): the weights fastest at the longer count and the prompt length from which it beats 4 bits, or
     (None, 0) where 4 bits stay the fastest."""
     short, long = PREFILL_ROWS
     best = min(times, key=lambda dtype: times[dtype][1])
@@ -213,6 +216,7 @@ class DecoderStack:
         # A long prompt's weights (`prompt_layers`): on the int4 path, float ones where measured faster than 4 bits.
         self.prefill_layers: list[LayerWeights] | None = None
         self.prefill_dtype: torch.dtype | None = None  # theirs, where they are float (None: no such weights)
+        self.prefill_tiles = False  # whether those (bf16) are packed for AMX tiles (tiles.py)
         self.prefill_from = 0
         self.prefill_attention: CausalAttention | None = None  # (None: the stack's dtype, the kernel where it builds)
         self._cos = self._sin = torch.empty(0)
@@ -257,6 +261,13 @@ class DecoderStack:
             return ops.add_rms_norm(x, delta, weight, self.eps, bf16)
         x = x + delta
         return x, self._rms(x, weight)
+
+    def _gated_product(self, gate_up: Matrix, h: torch.Tensor, ops: ModuleType | None) -> torch.Tensor:
+        """The MLP's SiLU-gated product of h's rows: in the product's own pass where it computes it (a gated
+        TileMatrix), else `gate_up`'s product through `_gated`."""
+        if isinstance(gate_up, TileMatrix) and gate_up.gated:
+            return gate_up.gated_product(h)
+        return self._gated(gate_up(h), ops)
 
     @staticmethod
     def _gated(gate_up: torch.Tensor, ops: ModuleType | None) -> torch.Tensor:
@@ -390,7 +401,7 @@ class DecoderStack:
                 out = self._attention(qkv, cos, sin, cache, i, causal, attn_mask, causal_with,
                                       torch.bfloat16 if bf16 else None)
             x, h = self._add_rms(x, layer.o(out), layer.post_norm, ops, bf16)
-            x = x + layer.down(self._gated(layer.gate_up(h), ops))
+            x = x + layer.down(self._gated_product(layer.gate_up, h, ops))
         cache.length = total
         return x
 
@@ -459,13 +470,15 @@ class LeanLlama(DecoderStack):
             # A long prompt on the int4 path: the float weights in the dtype measured fastest, if any beats 4 bits,
             # and its causal attention in the dtype measured fastest.
             if int4 is not None:
-                self.prefill_dtype, self.prefill_from, self.prefill_attention = self._prefill_choice(
-                    decoder.layers[0], prefill_file)
+                weights, self.prefill_from, self.prefill_attention = self._prefill_choice(decoder.layers[0],
+                                                                                          prefill_file)
+                self.prefill_tiles = weights == BF16_TILES and tiles_available()
+                self.prefill_dtype = torch.bfloat16 if self.prefill_tiles else weights
                 if self.fetches:
                     int4_weights.AHEAD, int4_weights.KEEP = self.fastest_fetch()[0]
-            if self.prefill_dtype is not None:
-                self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(self.prefill_dtype,
-                                                                                             *linears))
+                if weights is not None:
+                    self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(weights, names,
+                                                                                                 *linears))
 
     def _fused(self, names: list[str], *linears) -> Matrix:
         """One matrix for several projections that read the same input: 4-bit on the int4 path, else float."""
@@ -473,13 +486,18 @@ class LeanLlama(DecoderStack):
             return self._int4(names, linears)
         return self._float(linears, self.pack)
 
-    def _float_for_prefill(self, dtype: torch.dtype, *linears) -> PackedMatrix | CastMatrix:
+    def _float_for_prefill(self, weights: torch.dtype | str, names: list[str],
+                           *linears) -> PackedMatrix | CastMatrix | TileMatrix:
         """The int4 path's prefill matrices: the model's float weights, multiplied unpacked; fp32 as they are
-        (views, no copy), another dtype as a copy that the fp32 activations are cast to."""
-        if dtype == torch.float32:
+        (views, no copy), another dtype as a copy that the fp32 activations are cast to; BF16_TILES, bf16 packed for
+        AMX tiles (the MLP's gate and up projections as one gated product), a shape the tiles do not take in bf16."""
+        if weights == torch.float32:
             return self._float(linears, pack=False)
         weight = torch.cat([lin.weight.detach() for lin in linears])
-        return CastMatrix(weight, dtype, _stacked_bias(linears))
+        gated = names[-1].endswith("mlp.up_proj")
+        if weights == BF16_TILES and tiles_available() and tiles_fit(weight):
+            return TileMatrix(weight, _stacked_bias(linears), gated)
+        return CastMatrix(weight, torch.bfloat16 if weights == BF16_TILES else weights, _stacked_bias(linears))
 
     @staticmethod
     def _float(linears, pack: bool) -> PackedMatrix:
@@ -541,13 +559,15 @@ class LeanLlama(DecoderStack):
         with torch.inference_mode():
             return int4_weights.fastest_fetch(step)
 
-    def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | None, int,
+    def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | str | None, int,
                                                                                    CausalAttention]:
-        """`_fastest_prefill`, measured once per machine and model and then read from `file`. The choice changes
+        """`_fastest_prefill`, measured once per machine and model and then read from `file`: the weights (a float
+        dtype, BF16_TILES, or None: the 4-bit ones), from how many tokens, and the causal attention. The choice changes
         the prompt's numerics, and so the greedy text of every prompt past the crossing: measured afresh at each
         load, it flipped between processes on the Zen 4 (the two times are close near 256 rows), and the same
         drafter's tau on MT-Bench's first 20 prompts read 2.705 in one process and 2.367 in another."""
-        names = {None: "int4", **{dtype: str(dtype).removeprefix("torch.") for dtype in PREFILL_DTYPES}}
+        names = {None: "int4", **{dtype: str(dtype).removeprefix("torch.") for dtype in PREFILL_DTYPES},
+                 BF16_TILES: BF16_TILES}
         saved = _read_choices(file)
         by_name = {name: dtype for dtype, name in names.items()}
         attention = CausalAttention.named(saved.get("attention"))
@@ -609,41 +629,45 @@ class LeanLlama(DecoderStack):
         cost = {amx: sum(statistics.median(samples[(amx, n)]) for n in tokens) for amx in (False, True)}
         return cost[True] < cost[False]
 
-    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | None, int, CausalAttention]:
-        """The float dtype (of PREFILL_DTYPES) whose products, one layer's, are the fastest over the longer of
-        PREFILL_ROWS rows, and from how many rows it beats the 4-bit ones (where the two times, taken as linear in
-        the rows, cross; at least the shorter count); (None, 0) where no float dtype beats 4 bits (medians of
-        PREFILL_REPEATS); and the dtype of the prompt's causal attention (`_fastest_causal_attention`).
+    def _fastest_prefill(self, first: torch.nn.Module) -> tuple[torch.dtype | str | None, int, CausalAttention]:
+        """The float weights (a dtype of PREFILL_DTYPES, or BF16_TILES where the machine has AMX tiles) whose
+        products, one layer's with its gated product, are the fastest over the longer of PREFILL_ROWS rows, and from
+        how many rows they beat the 4-bit ones (where the two times, taken as linear in the rows, cross; at least
+        the shorter count); (None, 0) where none beats 4 bits (medians of PREFILL_REPEATS); and the dtype of the
+        prompt's causal attention (`_fastest_causal_attention`). Each candidate reads rows in the dtype a prefill
+        hands it (bf16 weights bf16 rows).
         On the 2-core Zen 4 EPYC the 8-bit-activation kernel beats bf16 at 64 rows (58.6 against 72.5 ms for a
         whole prefill) and loses at 256 (314 against 227) and 800 (1,142 against 889): the crossing is near 90
         rows. On the AVX2 EPYC, with torch's kernel, fp32 took half the 4-bit time at 64 rows. The candidates take
         turns within each repeat, so that a slow spell of the host cannot decide alone: timed one after another, the
         first load on the 2-core Intel Xeon with AMX chose 4 bits at every length, where bf16 measured 2.1 ms
         against 5.1 at 256 rows afterwards (the cause not known)."""
-        hidden, inner = self.embed.shape[1], self.layers[0].down.in_features
-        inputs = {rows: (torch.randn(rows, hidden), torch.randn(rows, inner)) for rows in PREFILL_ROWS}
+        hidden = self.embed.shape[1]
+        rows_in = {rows: torch.randn(rows, hidden) for rows in PREFILL_ROWS}
+        _, ops = self.row_kernels(PREFILL_ROWS[1], prefill=True)
 
-        def seconds(layer: LayerWeights, rows: int) -> float:
-            x, y = inputs[rows]
+        def seconds(layer: LayerWeights, rows: int, weights: torch.dtype | str | None) -> float:
+            x = rows_in[rows].to(torch.bfloat16) if weights in (torch.bfloat16, BF16_TILES) else rows_in[rows]
             start = time.perf_counter()
-            layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
+            layer.qkv(x), layer.o(x), layer.down(self._gated_product(layer.gate_up, x, ops))
             return time.perf_counter() - start
 
-        candidates: dict[torch.dtype | None, LayerWeights] = {None: self.layers[0]}
-        for dtype in PREFILL_DTYPES:
-            candidates[dtype] = self._layer("model.layers.0", first,
-                                            lambda names, *linears, d=dtype: self._float_for_prefill(d, *linears))
-        samples = {(dtype, rows): [] for dtype in candidates for rows in PREFILL_ROWS}
+        candidates: dict[torch.dtype | str | None, LayerWeights] = {None: self.layers[0]}
+        for weights in PREFILL_DTYPES + ((BF16_TILES,) if tiles_available() else ()):
+            candidates[weights] = self._layer(
+                "model.layers.0", first,
+                lambda names, *linears, w=weights: self._float_for_prefill(w, names, *linears))
+        samples = {(weights, rows): [] for weights in candidates for rows in PREFILL_ROWS}
         with torch.inference_mode():
-            for dtype, rows in samples:  # first calls pay one-time costs (oneDNN makes a kernel per shape)
-                seconds(candidates[dtype], rows)
+            for weights, rows in samples:  # first calls pay one-time costs (oneDNN makes a kernel per shape)
+                seconds(candidates[weights], rows, weights)
             for _ in range(PREFILL_REPEATS):  # interleaved, so that a slow spell of the host hits every candidate
-                for (dtype, rows), taken in samples.items():
-                    taken.append(seconds(candidates[dtype], rows))
-            times = {dtype: tuple(statistics.median(samples[(dtype, rows)]) for rows in PREFILL_ROWS)
-                     for dtype in candidates}
-            dtype, start = prefill_choice(times)
-            return dtype, start, self._fastest_causal_attention()
+                for (weights, rows), taken in samples.items():
+                    taken.append(seconds(candidates[weights], rows, weights))
+            times = {weights: tuple(statistics.median(samples[(weights, rows)]) for rows in PREFILL_ROWS)
+                     for weights in candidates}
+            weights, start = prefill_choice(times)
+            return weights, start, self._fastest_causal_attention()
 
     def _fastest_causal_attention(self) -> CausalAttention:
         """The causal attention (of PROMPT_ATTENTIONS, those that differ on this machine) that is the fastest for one

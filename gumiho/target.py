@@ -217,8 +217,9 @@ class Target:
         attention = CausalAttention(*lean._runs_as(lean.prefill_attention or CausalAttention(lean.dtype))).name
         if lean.prefill_layers is None:
             return f"prompts through the 4-bit weights, their attention {attention}"
-        weights = str(lean.prefill_dtype).removeprefix("torch.")
-        return f"prompts from {lean.prefill_from} tokens through {weights} weights, their attention {attention}"
+        weights = str(lean.prefill_dtype).removeprefix("torch.") + (" weights on AMX tiles" if lean.prefill_tiles
+                                                                     else " weights")
+        return f"prompts from {lean.prefill_from} tokens through {weights}, their attention {attention}"
 
     @property
     def fetch(self) -> str:

@@ -14,7 +14,8 @@ from gumiho import int4
 from gumiho.bench.machine import describe
 from gumiho.engine import Engine, GenerationConfig
 from gumiho.int4 import GROUP, Int4Matrix, int4_available, unpack_q4_1
-from gumiho.llama import PREFILL_REPEATS, PREFILL_ROWS, CausalAttention, LeanLlama
+from gumiho.llama import BF16_TILES, PREFILL_REPEATS, PREFILL_ROWS, CausalAttention, LeanLlama
+from gumiho.tiles import TileMatrix, tiles_available
 from gumiho.profile import ExecPath, candidate_paths, prefill_path, target_for
 from gumiho.tree import TreeSettings
 
@@ -103,17 +104,27 @@ BF16_ATTENTIONS = [CausalAttention(torch.bfloat16, way) for way in ("kernel", "s
 
 @pytest.mark.parametrize("dtype, attention, within", [(torch.float32, FP32_ATTENTION, 1e-4),
                                                       (torch.bfloat16, FP32_ATTENTION, 3e-2),
-                                                      *((torch.bfloat16, bf16, 3e-2) for bf16 in BF16_ATTENTIONS)])
+                                                      *((torch.bfloat16, bf16, 3e-2) for bf16 in BF16_ATTENTIONS),
+                                                      (BF16_TILES, FP32_ATTENTION, 3e-2),
+                                                      (BF16_TILES, BF16_ATTENTIONS[-1], 3e-2)])
 def test_a_long_prompt_prefills_through_the_float_weights_and_speculation_still_follows_ar(monkeypatch, dtype,
                                                                                           attention, within):
     """Where the machine measures float products faster for many rows, the prompt takes them: its features are
     those of the model's float weights (close to, not equal to, the 4-bit ones; in bf16, to bf16 rounding, its causal
-    attention in bf16 too where that is measured faster), and since AR and speculation share the prefill, greedy
-    speculation still equals this path's AR."""
+    attention in bf16 too where that is measured faster; bf16 packed for AMX tiles where the machine has them), and
+    since AR and speculation share the prefill, greedy speculation still equals this path's AR."""
+    if dtype == BF16_TILES and not tiles_available():
+        pytest.skip("no AMX tiles here (the processor, the build or the OS)")
     monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: (dtype, PREFILL_ROWS[0], attention))
     engine = tiny_int4_engine(3)
     target = engine.target
-    assert target.lean.prefill_layers is not None and target.lean.prefill_dtype == dtype
+    tiles = dtype == BF16_TILES
+    assert target.lean.prefill_layers is not None and target.lean.prefill_tiles == tiles
+    assert target.lean.prefill_dtype == (torch.bfloat16 if tiles else dtype)
+    if tiles:  # every product of the tiny model fits the tiles; the MLP's as one gated product
+        assert all(isinstance(m, TileMatrix) for layer in target.lean.prefill_layers
+                   for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        assert target.lean.prefill_layers[0].gate_up.gated
     ids = torch.randint(0, 16, (PREFILL_ROWS[0] + 16,), generator=torch.Generator().manual_seed(3))
     as_prefill = target.features(ids, target.new_cache(), prefill=True)
     if attention != FP32_ATTENTION:  # the attention's own rounding shows
@@ -510,12 +521,13 @@ def test_the_prefill_measurement_names_a_causal_attention(monkeypatch):
     """`_fastest_prefill` times the products, and the causal attention on its own: a prompt that keeps its 4-bit
     products may still take its attention in bf16 (the block kernel's bf16 products where the processor has them,
     or SDPA's)."""
-    from gumiho.llama import PREFILL_DTYPES, PROMPT_ATTENTIONS
+    from gumiho.llama import BF16_TILES, PREFILL_DTYPES, PROMPT_ATTENTIONS
 
     target = tiny_int4_engine(0).target
     lean, first = target.lean, target.model.model.layers[0]
-    dtype, start, attention = lean._fastest_prefill(first)
-    assert dtype in (None, *PREFILL_DTYPES) and start >= 0 and attention in PROMPT_ATTENTIONS
+    weights, start, attention = lean._fastest_prefill(first)
+    tiles = (BF16_TILES,) if tiles_available() else ()
+    assert weights in (None, *PREFILL_DTYPES, *tiles) and start >= 0 and attention in PROMPT_ATTENTIONS
     monkeypatch.setattr("gumiho.llama.prefill_choice", lambda times: (None, 0))  # the 4-bit products kept
     for measured in PROMPT_ATTENTIONS:
         monkeypatch.setattr(LeanLlama, "_fastest_causal_attention", lambda self, a=measured: a)
@@ -633,13 +645,17 @@ def test_a_prompt_on_amx_tiles_still_leaves_greedy_speculation_equal_to_ar(monke
     ((torch.bfloat16, 90, CausalAttention(torch.bfloat16, "sdpa")),
      "prompts from 90 tokens through bfloat16 weights, their attention bfloat16-sdpa"),
     ((None, 0, CausalAttention(torch.float32)), "prompts through the 4-bit weights, their attention float32{}"),
+    ((BF16_TILES, 64, CausalAttention(torch.bfloat16, "sdpa")),
+     "prompts from 64 tokens through bfloat16 weights on AMX tiles, their attention bfloat16-sdpa"),
 ])
 def test_a_target_names_how_it_computes_a_long_prompt(monkeypatch, tmp_path, choice, named):
     """The bench's reports say which prompt path a run had (it sets the prompt's numbers and a long prompt's time):
-    the float weights' dtype and from how many tokens, and the way the attention runs on this machine (the block
-    kernel where it builds, else SDPA's). Off the int4 path there is no such choice."""
+    the float weights' dtype (packed for AMX tiles or not) and from how many tokens, and the way the attention runs
+    on this machine (the block kernel where it builds, else SDPA's). Off the int4 path there is no such choice."""
     from gumiho.kernels import prompt_attention
 
+    if choice[0] == BF16_TILES and not tiles_available():
+        pytest.skip("no AMX tiles here (the processor, the build or the OS)")
     use_cache(monkeypatch, tmp_path)
     monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file: choice)
     target = tiny_amx_target()  # heads of 64 dimensions, which the block kernel takes

@@ -4,6 +4,7 @@
 - `q8_matmul()`: products with a matrix in 8-bit blocks of 32 (q8_matmul.cpp), the int4 path's lm_head.
 - `q4_matmul()`: products of 8-bit activations with 4-bit blocks (q4_matmul.cpp), the int4/int8 path's linears.
 - `row_ops()`: a decoder layer's per-row operations (rows.cpp): RMS norm, residual sum and norm, SiLU-gated product.
+- `tile_matmul()`: a prompt's bf16 products on AMX tiles (tile_matmul.cpp), where the processor has AMX-BF16.
 - `prompt_attention()`: a prompt's causal attention in fp32, blocks of queries against blocks of keys
   (prompt_attention.cpp), where the processor has AVX2; with bf16 products too where it has AVX512-BF16, and those on
   AMX tiles where it has AMX-BF16.
@@ -38,8 +39,9 @@ import torch
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 # Kernels that split their work across torch's threads, and those with 512-bit paths (built where AVX-512 has VNNI).
-THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention", "rows")
-WIDE = ("q4_matmul", "q8_matmul", "attention", "prompt_attention")
+THREADED = ("q8_matmul", "q4_matmul", "attention", "prompt_attention", "rows", "tile_matmul")
+WIDE = ("q4_matmul", "q8_matmul", "attention", "prompt_attention", "tile_matmul")
+TILED = ("attention", "prompt_attention", "tile_matmul")  # with AMX tiles where the processor has AMX-BF16
 
 
 def _cpu_flags() -> set[str]:
@@ -76,10 +78,10 @@ def _flags(name: str, capability: str) -> list[str]:
         if name in WIDE and {"avx512f", "avx512bw"} <= flags:
             vector += ["-mavx512f", "-mavx512bw"]
             amx = {"avx512_bf16", "amx_tile", "amx_bf16"} <= flags
-            if name == "prompt_attention" and "avx512_bf16" in flags or name == "attention" and amx:
+            if name == "prompt_attention" and "avx512_bf16" in flags or name in TILED and amx:
                 vector.append("-mavx512bf16")  # bf16 products (vdpbf16ps) and conversions
-            if name in ("attention", "prompt_attention") and amx:
-                vector += ["-mamx-tile", "-mamx-bf16"]  # decode and tree rows, and a prompt's products, on AMX tiles
+            if name in TILED and amx:
+                vector += ["-mamx-tile", "-mamx-bf16"]  # decode and tree rows, a prompt's products, on AMX tiles
     return ["-O3", *vector] + _openmp(name)
 
 
@@ -185,4 +187,12 @@ def prompt_attention() -> ModuleType | None:
     """The compiled causal attention for prompts (its `causal(q, keys, values, past, scale)`), or None (also where
     the build has no vector code: no AVX2)."""
     built = _build("prompt_attention")
+    return built if built is not None and built.available() else None
+
+
+@lru_cache(maxsize=None)
+def tile_matmul() -> ModuleType | None:
+    """The compiled bf16 products on AMX tiles (its `pack(weight, gated)` and `matmul(x, packed, bias, gated)`), or
+    None where the processor or the OS has no AMX tiles."""
+    built = _build("tile_matmul") if {"amx_tile", "amx_bf16", "avx512_bf16"} <= _cpu_flags() else None
     return built if built is not None and built.available() else None
