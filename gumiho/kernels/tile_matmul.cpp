@@ -127,15 +127,19 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor packed, torch::Tensor bias, 
             std::copy(raw + first, raw + first + TILE, b.begin() + block * TILE);
         }
     }
+    // Row units of equal size (a multiple of 32 rows): 769 rows as 288 + 288 + 193, not 384 + 384 + 1, whose last
+    // unit would cost a whole block per column pair for one row. Units run column by column, so the threads' shares
+    // are whole columns of units (each thread reads half of W) and differ by at most one unit.
     const int64_t row_units = (M + UNIT_ROWS - 1) / UNIT_ROWS, column_units = (N + UNIT_COLUMNS - 1) / UNIT_COLUMNS;
+    const int64_t unit_rows = ((M + row_units - 1) / row_units + 2 * TILE - 1) / (2 * TILE) * (2 * TILE);
     const int64_t pair_size = 2 * depths * TILE * 2 * TILE;  // bf16 of a pair of column blocks
     at::parallel_for(0, row_units * column_units, 1, [&](int64_t begin, int64_t end) {
         amx::configure();
         std::vector<uint16_t> padded(2 * TILE * K, 0);  // a last block of fewer than 32 rows, zeros after them
         alignas(64) float sums[2 * TILE * 2 * TILE];
         for (int64_t unit = begin; unit < end; ++unit) {
-            const int64_t r0 = unit / column_units * UNIT_ROWS, c0 = unit % column_units * UNIT_COLUMNS;
-            const int64_t r1 = std::min(M, r0 + UNIT_ROWS), c1 = std::min(N, c0 + UNIT_COLUMNS);
+            const int64_t r0 = unit % row_units * unit_rows, c0 = unit / row_units * UNIT_COLUMNS;
+            const int64_t r1 = std::min(M, r0 + unit_rows), c1 = std::min(N, c0 + UNIT_COLUMNS);
             for (int64_t c = c0; c < c1; c += 2 * TILE) {  // a pair of column blocks stays in L1 across the rows
                 const uint16_t* w = wp + c / (2 * TILE) * pair_size;
                 for (int64_t r = r0; r < r1; r += 2 * TILE) {
