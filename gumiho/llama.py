@@ -190,8 +190,8 @@ def float_matrix(dtype: torch.dtype) -> Callable[[torch.Tensor], Matrix]:
 def prefill_choice(times: dict[torch.dtype | str | None, tuple[float, float]]) -> tuple[torch.dtype | str | None,
                                                                                       int]:
     """From the times of one layer's products at the two PREFILL_ROWS counts, per float weights (a dtype, or
-    BF16_TILES) and for the 4-bit weights (key None): the weights fastest at the longer count and the prompt length from which it beats 4 bits, or
-    (None, 0) where 4 bits stay the fastest."""
+    BF16_TILES) and for the 4-bit weights (key None): the weights fastest at the longer count and the prompt length
+    from which they beat 4 bits, or (None, 0) where 4 bits stay the fastest."""
     short, long = PREFILL_ROWS
     best = min(times, key=lambda dtype: times[dtype][1])
     if best is None:
@@ -473,7 +473,7 @@ class LeanLlama(DecoderStack):
                 weights, self.prefill_from, self.prefill_attention = self._prefill_choice(decoder.layers[0],
                                                                                           prefill_file)
                 self.prefill_tiles = weights == BF16_TILES and tiles_available()
-                self.prefill_dtype = torch.bfloat16 if self.prefill_tiles else weights
+                self.prefill_dtype = torch.bfloat16 if weights == BF16_TILES else weights
                 if self.fetches:
                     int4_weights.AHEAD, int4_weights.KEEP = self.fastest_fetch()[0]
                 if weights is not None:
@@ -562,8 +562,8 @@ class LeanLlama(DecoderStack):
     def _prefill_choice(self, first: torch.nn.Module, file: Path | None) -> tuple[torch.dtype | str | None, int,
                                                                                    CausalAttention]:
         """`_fastest_prefill`, measured once per machine and model and then read from `file`: the weights (a float
-        dtype, BF16_TILES, or None: the 4-bit ones), from how many tokens, and the causal attention. The choice changes
-        the prompt's numerics, and so the greedy text of every prompt past the crossing: measured afresh at each
+        dtype, BF16_TILES, or None: the 4-bit ones), from how many tokens, and the causal attention. The choice
+        changes the prompt's numerics, and so the greedy text of every prompt past the crossing: measured afresh at each
         load, it flipped between processes on the Zen 4 (the two times are close near 256 rows), and the same
         drafter's tau on MT-Bench's first 20 prompts read 2.705 in one process and 2.367 in another."""
         names = {None: "int4", **{dtype: str(dtype).removeprefix("torch.") for dtype in PREFILL_DTYPES},

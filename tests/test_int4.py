@@ -291,6 +291,30 @@ def test_the_prefill_choice_is_measured_once_per_machine_and_model_then_read(mon
     assert len(measured) == 4
 
 
+def test_where_the_machine_has_amx_tiles_they_are_a_prefill_candidate_remembered_by_name(monkeypatch, tmp_path):
+    """The load times bf16 weights packed for the tiles beside the 4-bit, fp32 and oneDNN bf16 ones; where they win,
+    the prompt's layers are TileMatrix products (the MLP's a gated one), the file names them, and a later load
+    builds them again from the file without measuring."""
+    if not tiles_available():
+        pytest.skip("no AMX tiles here (the processor, the build or the OS)")
+    use_cache(monkeypatch, tmp_path)
+    timed = []
+
+    def choose(times):
+        timed.append(set(times))
+        return BF16_TILES, PREFILL_ROWS[0]
+
+    monkeypatch.setattr("gumiho.llama.prefill_choice", choose)
+    for load in range(2):
+        lean = tiny_int4_engine(0).target.lean
+        assert lean.prefill_tiles and lean.prefill_dtype == torch.bfloat16 and lean.prefill_from == PREFILL_ROWS[0]
+        layer = lean.prefill_layers[0]
+        assert all(isinstance(m, TileMatrix) for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        assert layer.gate_up.gated and not layer.qkv.gated
+    assert timed == [{None, torch.float32, torch.bfloat16, BF16_TILES}]  # measured once, every candidate
+    assert json.loads(prefill_path(tiny_int4_engine(0).target).read_text())["dtype"] == BF16_TILES
+
+
 def prefill_choices(target) -> dict:
     """The remembered prefill choice."""
     return json.loads(prefill_path(target).read_text())
