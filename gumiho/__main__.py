@@ -23,7 +23,7 @@ BRANCHED = ("eagle2", "gumiho")  # the dynamic trees: lookup's branches join the
 
 def check_tree_options(args: argparse.Namespace) -> None:
     """The tree options that are wrong whatever the model: refused before anything loads."""
-    from .tree import RECYCLE_WIDTH, TreeSettings
+    from .tree import FIRST_LEVEL_METHODS, RECYCLE_WIDTH, TreeSettings
 
     if args.total_tokens not in (None, "auto") and args.total_tokens < 1:
         raise GumihoError("--total-tokens must be >= 1 or 'auto'")
@@ -34,6 +34,9 @@ def check_tree_options(args: argparse.Namespace) -> None:
     if args.lookup_merge and args.method not in (*CALIBRATED, "recycle"):
         raise GumihoError(f"--lookup-merge is an option of the learned drafters and recycle "
                           f"({', '.join(CALIBRATED)}, recycle)")
+    if args.first_level and args.method not in FIRST_LEVEL_METHODS:  # TreeSettings.validate's words, before a load
+        raise GumihoError(f"a first-level tree is an option of the dynamic-tree drafters "
+                          f"({', '.join(FIRST_LEVEL_METHODS)}) without FTA, not of {args.method}")
     if args.lookup_branches and args.method not in BRANCHED:
         raise GumihoError(f"--lookup-branches is an option of the dynamic-tree drafters ({', '.join(BRANCHED)})")
     if args.method == "lookup":

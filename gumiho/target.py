@@ -29,6 +29,7 @@ from .drafters.base import FeatureDrafter
 from .drafters.frequency import FREQUENT_DRAFT_VOCAB
 from .llama import SUPPORTED_MODEL_TYPES, CausalAttention, LeanLlama, StaticCache
 from .packed import PackedMatrix, pack_linears
+from .tiles import TileMatrix, tiles_fit
 
 log = logging.getLogger(__name__)
 
@@ -297,9 +298,14 @@ class Target:
         matmuls for inference: oneDNN-packed fp32 where `pack`, 4-bit on the int4 path (its draft head included:
         a draft only has to rank tokens, never to match the target's logits; a long prompt's pass through its layers
         takes the target's prefill weights), proposing from its most frequent draft-vocabulary ids where its folder
-        counts them (drafters/frequency.py). Returns it in eval mode."""
+        counts them (drafters/frequency.py). A drafter that puts many prompt rows through the lm_head (`pack_head`:
+        Token Recycling's table) gets a copy on AMX tiles where the target's prompts take them. Returns it in eval
+        mode."""
         drafter.keep_frequent(FREQUENT_DRAFT_VOCAB, self.eos_ids)
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
+        if getattr(drafter, "pack_head", False) and self._lean is not None and self._lean.prefill_tiles \
+                and tiles_fit(self.head_weight):  # many prompt rows through the lm_head (Token Recycling's table)
+            drafter.prompt_head = TileMatrix(self.head_weight)
         unread: tuple[torch.nn.Module, ...] = ()  # modules inference never runs: no 4-bit or packed copy for them
         if isinstance(drafter, FeatureDrafter):
             lean = self._lean

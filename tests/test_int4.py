@@ -315,6 +315,36 @@ def test_where_the_machine_has_amx_tiles_they_are_a_prefill_candidate_remembered
     assert json.loads(prefill_path(tiny_int4_engine(0).target).read_text())["dtype"] == BF16_TILES
 
 
+def test_token_recycling_fills_its_table_from_the_prompt_on_the_tiles_where_the_prompts_take_them(monkeypatch):
+    """Token Recycling puts up to 512 prompt rows through the lm_head after the prefill: where the target's prompts
+    take bf16 products on AMX tiles, through a tile copy of the head (`prompt_head`), whose table is the fp32 head's
+    to bf16 rounding (the same next tokens almost everywhere); greedy recycling still equals AR. Elsewhere, the fp32
+    head as before."""
+    from gumiho.drafters import weight_free
+
+    if not tiles_available():
+        pytest.skip("no AMX tiles here (the processor, the build or the OS)")
+    tables = {}
+    for weights in (torch.bfloat16, BF16_TILES):
+        monkeypatch.setattr(LeanLlama, "_prefill_choice", lambda self, first, file, w=weights: (w, PREFILL_ROWS[0],
+                                                                                               FP32_ATTENTION))
+        target = target_for(tiny_target(seed=5, vocab=64), ExecPath("int4", pack=False))
+        engine = Engine(target)
+        engine.add_drafter("recycle", weight_free("recycle", target.model.config))
+        drafter = engine.drafters["recycle"]
+        assert isinstance(drafter.prompt_head, TileMatrix) == (weights == BF16_TILES)
+        ids = torch.randint(0, 64, (PREFILL_ROWS[0] + 60,), generator=torch.Generator().manual_seed(5))
+        drafter.reset()
+        drafter.observe(ids, target.features(ids, target.new_cache(), prefill=True))
+        tables[weights] = drafter.next_ids[:, 0].clone()
+        ar = engine.generate("", "ar", GenerationConfig(max_new_tokens=40), prompt_ids=ids.tolist())
+        run = engine.generate("", "recycle", GenerationConfig(max_new_tokens=40), prompt_ids=ids.tolist())
+        assert run.token_ids == ar.token_ids
+    seen = tables[torch.bfloat16] >= 0
+    assert torch.equal(seen, tables[BF16_TILES] >= 0) and seen.sum() > 20
+    assert (tables[torch.bfloat16][seen] == tables[BF16_TILES][seen]).float().mean() > 0.9
+
+
 def prefill_choices(target) -> dict:
     """The remembered prefill choice."""
     return json.loads(prefill_path(target).read_text())

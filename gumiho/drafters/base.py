@@ -13,6 +13,7 @@ from the tokens seen so far, or from what the target itself predicted (`observe`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -344,6 +345,9 @@ class WeightFreeDrafter(Drafter):
     is scored so that a child never ranks above its parent, as `tree.build_tree` requires."""
 
     pack_head = False  # no oneDNN-packed copy of the lm_head where at most a few rows per generation go through it
+    # The lm_head for many prompt rows at once, where the target's prompts take bf16 products on AMX tiles
+    # (`Target.prepare_drafter`): set for a drafter with `pack_head`, None elsewhere.
+    prompt_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def attach(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, pack: bool = True) -> Drafter:
         return super().attach(embed_weight, head_weight, pack=pack and self.pack_head)

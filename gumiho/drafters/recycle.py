@@ -60,7 +60,8 @@ class RecycleDrafter(WeightFreeDrafter):
     kind = "recycle"
     # The prefill puts up to PROMPT_ROWS prompt rows through the lm_head: oneDNN-packed where it can (128 rows:
     # 15.7 ms against 48 plain on a 2-core Zen 5 EPYC; recycling 0.95x -> 1.02x AR on 18 prompts, CNN/DM 0.84x ->
-    # 0.93x), fp32 either way, so the table holds the same predictions.
+    # 0.93x), fp32 either way; or, where the target's prompts take bf16 products on AMX tiles, a tile copy of the head
+    # (`prompt_head`: its rows rounded to bf16, as the table's later rows from the 8-bit head are rounded too).
     pack_head = True
 
     def __init__(self, config, hot_start: bool = False):
@@ -89,8 +90,9 @@ class RecycleDrafter(WeightFreeDrafter):
             tokens, features = tokens[-PROMPT_ROWS:], features[-PROMPT_ROWS:]
             if (distinct := last_positions(tokens)) is not None:  # a token's earlier rows would be overwritten
                 tokens, features = tokens[distinct[1]], features[distinct[1]]
+            head = self.prompt_head or self.head_logits
             for start in range(0, tokens.shape[0], CHUNK):
-                self.record(tokens[start:start + CHUNK], self.head_logits(features[start:start + CHUNK]))
+                self.record(tokens[start:start + CHUNK], head(features[start:start + CHUNK]))
         elif isinstance(logits, LazyLogits):  # a verification: the rows its acceptance walk computed (free)
             nodes, rows = logits.computed()
             self.record(tokens[nodes], rows)
