@@ -32,17 +32,17 @@ class TileMatrix:
     (`gated_product`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False):
-        self.kernel = tile_matmul()
-        if self.kernel is None or not tiles_fit(weight):
+        if not tiles_available() or not tiles_fit(weight):
             raise ValueError("TileMatrix needs AMX tiles and a weight whose sides are multiples of 32")
         self.gated = gated
         self.in_features = weight.shape[1]
-        self.packed = self.kernel.pack(weight.detach().to(torch.bfloat16).contiguous(), gated)
+        self.packed = tile_matmul().pack(weight.detach().to(torch.bfloat16).contiguous(), gated)
         self.bias = torch.empty(0) if bias is None else bias.detach().float().contiguous()
 
     def _product(self, x: torch.Tensor, gated: bool) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = self.kernel.matmul(rows, self.packed, self.bias, gated)
+        # the kernel module asked for at each call (cached), not kept: a matrix stays copyable (copy.deepcopy)
+        y = tile_matmul().matmul(rows, self.packed, self.bias, gated)
         return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ count; the SiLU-gated product from the same sums; clear refusals. Skipped where 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,7 @@ def test_a_bias_is_added_to_the_fp32_sums_and_fp32_rows_come_back_fp32():
     assert as_float.dtype == torch.float32 and torch.equal(as_float, y.float())
     batched = TileMatrix(w, bias)(x.view(2, 20, 64))
     assert batched.shape == (2, 20, 96) and torch.equal(batched.view(40, 96), y)
+    assert torch.equal(copy.deepcopy(TileMatrix(w, bias))(x), y)  # a drafter holding one may be copied
 
 
 @pytest.mark.parametrize("rows", [3, 70, 400])
