@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -477,8 +478,7 @@ class LeanLlama(DecoderStack):
                 if self.fetches:
                     int4_weights.AHEAD, int4_weights.KEEP = self.fastest_fetch()[0]
                 if weights is not None:
-                    self.prefill_layers = layers(lambda names, *linears: self._float_for_prefill(weights, names,
-                                                                                                 *linears))
+                    self.prefill_layers = layers(partial(self._float_for_prefill, weights))
 
     def _fused(self, names: list[str], *linears) -> Matrix:
         """One matrix for several projections that read the same input: 4-bit on the int4 path, else float."""
@@ -643,20 +643,19 @@ class LeanLlama(DecoderStack):
         first load on the 2-core Intel Xeon with AMX chose 4 bits at every length, where bf16 measured 2.1 ms
         against 5.1 at 256 rows afterwards (the cause not known)."""
         hidden = self.embed.shape[1]
-        rows_in = {rows: torch.randn(rows, hidden) for rows in PREFILL_ROWS}
+        inputs = {rows: torch.randn(rows, hidden) for rows in PREFILL_ROWS}
+        inputs_bf16 = {rows: x.to(torch.bfloat16) for rows, x in inputs.items()}
         _, ops = self.row_kernels(PREFILL_ROWS[1], prefill=True)
 
         def seconds(layer: LayerWeights, rows: int, weights: torch.dtype | str | None) -> float:
-            x = rows_in[rows].to(torch.bfloat16) if weights in (torch.bfloat16, BF16_TILES) else rows_in[rows]
+            x = (inputs_bf16 if weights in (torch.bfloat16, BF16_TILES) else inputs)[rows]
             start = time.perf_counter()
             layer.qkv(x), layer.o(x), layer.down(self._gated_product(layer.gate_up, x, ops))
             return time.perf_counter() - start
 
         candidates: dict[torch.dtype | str | None, LayerWeights] = {None: self.layers[0]}
         for weights in PREFILL_DTYPES + ((BF16_TILES,) if tiles_available() else ()):
-            candidates[weights] = self._layer(
-                "model.layers.0", first,
-                lambda names, *linears, w=weights: self._float_for_prefill(w, names, *linears))
+            candidates[weights] = self._layer("model.layers.0", first, partial(self._float_for_prefill, weights))
         samples = {(weights, rows): [] for weights in candidates for rows in PREFILL_ROWS}
         with torch.inference_mode():
             for weights, rows in samples:  # first calls pay one-time costs (oneDNN makes a kernel per shape)

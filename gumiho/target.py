@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -303,9 +304,8 @@ class Target:
         mode."""
         drafter.keep_frequent(FREQUENT_DRAFT_VOCAB, self.eos_ids)
         drafter.attach(self.embed_weight, self.head_weight, pack=self.pack)
-        if getattr(drafter, "pack_head", False) and self._lean is not None and self._lean.prefill_tiles \
-                and tiles_fit(self.head_weight):  # many prompt rows through the lm_head (Token Recycling's table)
-            drafter.prompt_head = TileMatrix(self.head_weight)
+        if getattr(drafter, "pack_head", False):  # many prompt rows through the lm_head (Token Recycling's table)
+            drafter.prompt_head = self._prompt_head
         unread: tuple[torch.nn.Module, ...] = ()  # modules inference never runs: no 4-bit or packed copy for them
         if isinstance(drafter, FeatureDrafter):
             lean = self._lean
@@ -319,6 +319,14 @@ class Target:
         elif self.pack:
             pack_linears(drafter, unread)  # CPU fp32 inference only; training forwards (autograd on) are unaffected
         return drafter.eval()
+
+    @cached_property
+    def _prompt_head(self) -> TileMatrix | None:
+        """The lm_head packed for AMX tiles where the prompts take them (`LeanLlama.prefill_tiles`), else None:
+        built once and shared by every drafter prepared here (56 MB for the default model's head)."""
+        lean = self._lean
+        fits = lean is not None and lean.prefill_tiles and tiles_fit(self.head_weight)
+        return TileMatrix(self.head_weight) if fits else None
 
     @property
     def head_batches(self) -> bool:

@@ -18,6 +18,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -76,8 +77,7 @@ def weights_candidates(lean: LeanLlama, model) -> dict[str, Callable[[], None]]:
     """One per float weights a long prompt may take here, each a full set of layers built once."""
     candidates = {}
     for weights in PREFILL_DTYPES + ((BF16_TILES,) if tiles_available() else ()):
-        layers = [lean._layer(f"model.layers.{i}", layer,
-                              lambda names, *linears, w=weights: lean._float_for_prefill(w, names, *linears))
+        layers = [lean._layer(f"model.layers.{i}", layer, partial(lean._float_for_prefill, weights))
                   for i, layer in enumerate(model.model.layers)]
         dtype = torch.bfloat16 if weights == BF16_TILES else weights
 
